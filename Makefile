@@ -1,0 +1,46 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both create .venv on first use and install what they need.
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+GROUPS  ?= dev
+STAMP   := $(VENV)/.installed-$(subst $(space),-,$(GROUPS))
+empty   :=
+space   := $(empty) $(empty)
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint fmt serve bench venv clean docs
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/find_python.sh
+	@test -x $(PY) || "$$(scripts/find_python.sh)" -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
+	$(PY) -m pip install --quiet -e . $(foreach g,$(GROUPS),--group $(g))
+	@touch $@
+
+demo: venv
+	$(PY) manage.py migrate --noinput --verbosity 0
+	$(PY) manage.py demo
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy kumiflow_django testproject tests
+	DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
+	DATABASE_URL=sqlite:///:memory: $(PY) manage.py check --fail-level WARNING
+
+fmt: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+serve: venv
+	$(PY) manage.py migrate --noinput --verbosity 0
+	$(PY) manage.py demo --superuser-only
+	$(PY) manage.py runserver 127.0.0.1:8000
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info testproject/db.sqlite3*

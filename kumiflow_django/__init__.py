@@ -1,0 +1,98 @@
+"""kumiflow-django: durable, event-sourced workflows for Django.
+
+The public API is importable from this package. Names are loaded on first
+use, so importing the package (for example from a ``workflows.py``) never
+touches the model registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("kumiflow-django")
+except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    __version__ = "0+unknown"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # event store
+    "NewEvent": "kumiflow_django.eventstore",
+    "append_event": "kumiflow_django.eventstore",
+    "append_events": "kumiflow_django.eventstore",
+    "load_stream": "kumiflow_django.eventstore",
+    "stream_version": "kumiflow_django.eventstore",
+    "read_log": "kumiflow_django.eventstore",
+    "erase_stream": "kumiflow_django.eventstore",
+    "event_appended": "kumiflow_django.signals",
+    # errors
+    "KumiflowError": "kumiflow_django.exceptions",
+    "InvalidEvent": "kumiflow_django.exceptions",
+    "VersionConflict": "kumiflow_django.exceptions",
+    "TenantMismatch": "kumiflow_django.exceptions",
+    "ImmutableEvent": "kumiflow_django.exceptions",
+    "WorkflowDefinitionError": "kumiflow_django.exceptions",
+    "UnknownWorkflow": "kumiflow_django.exceptions",
+    "RunNotFound": "kumiflow_django.exceptions",
+    "InvalidRunState": "kumiflow_django.exceptions",
+}
+
+__all__ = [
+    "__version__",
+    "NewEvent",
+    "append_event",
+    "append_events",
+    "load_stream",
+    "stream_version",
+    "read_log",
+    "erase_stream",
+    "event_appended",
+    "KumiflowError",
+    "InvalidEvent",
+    "VersionConflict",
+    "TenantMismatch",
+    "ImmutableEvent",
+    "WorkflowDefinitionError",
+    "UnknownWorkflow",
+    "RunNotFound",
+    "InvalidRunState",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kumiflow_django' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kumiflow_django.eventstore import (
+        NewEvent,
+        append_event,
+        append_events,
+        erase_stream,
+        load_stream,
+        read_log,
+        stream_version,
+    )
+    from kumiflow_django.exceptions import (
+        ImmutableEvent,
+        InvalidEvent,
+        InvalidRunState,
+        KumiflowError,
+        RunNotFound,
+        TenantMismatch,
+        UnknownWorkflow,
+        VersionConflict,
+        WorkflowDefinitionError,
+    )
+    from kumiflow_django.signals import event_appended

@@ -1,0 +1,110 @@
+"""System checks for the KUMIFLOW_* settings (``manage.py check``).
+
+Ids are stable: E001-E099 settings, E100-E199 workflow definitions,
+W001-W099 warnings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core import checks
+
+from kumiflow_django.conf import PREFIX, KumiflowSettings, settings
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+
+
+def _tenant(v: Any) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= 64
+
+
+def _timeouts(v: Any) -> bool:
+    return (
+        isinstance(v, Sequence)
+        and not isinstance(v, str)
+        and len(v) == 2
+        and all(_positive_number(x) for x in v)
+    )
+
+
+def _str_mapping(v: Any) -> bool:
+    return isinstance(v, Mapping) and all(
+        isinstance(k, str) and isinstance(s, str) and s for k, s in v.items()
+    )
+
+
+def _str_sequence(v: Any) -> bool:
+    return isinstance(v, Sequence) and not isinstance(v, str) and all(isinstance(x, str) for x in v)
+
+
+def _retry_policy(v: Any) -> bool:
+    from kumiflow_django.backoff import BackoffPolicy
+
+    if not isinstance(v, Mapping):
+        return False
+    try:
+        BackoffPolicy.from_mapping(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _optional_str(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and bool(v))
+
+
+# setting name -> (id, validator, what it must be)
+_RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "DEFAULT_TENANT": ("kumiflow.E001", _tenant, "a non-empty string of at most 64 characters"),
+    "EVENT_WAKE": ("kumiflow.E002", lambda v: v in ("inline", "worker"), '"inline" or "worker"'),
+    "MAX_START_DEPTH": ("kumiflow.E003", _positive_int, "a positive integer"),
+    "RESUME_BATCH_SIZE": ("kumiflow.E004", _positive_int, "a positive integer"),
+    "MAX_INTERVAL": ("kumiflow.E005", _positive_number, "a positive number of seconds"),
+    "LEASE_SECONDS": ("kumiflow.E006", _positive_number, "a positive number of seconds"),
+    "DISPATCH_RETRY": (
+        "kumiflow.E007",
+        _retry_policy,
+        "a mapping with attempts, backoff, base, max_delay and jitter",
+    ),
+    "WEBHOOK_SECRETS": ("kumiflow.E008", _str_mapping, "a mapping of names to non-empty strings"),
+    "WEBHOOK_ALLOWED_PRIVATE_HOSTS": ("kumiflow.E009", _str_sequence, "a list of strings"),
+    "WEBHOOK_TIMEOUT": ("kumiflow.E010", _timeouts, "a pair (connect, read) of positive seconds"),
+    "TASKS_BACKEND": ("kumiflow.E011", _optional_str, "None or a TASKS alias"),
+    "ADMIN_PAYLOAD_CHARS": ("kumiflow.E012", _positive_int, "a positive integer"),
+}
+
+
+@checks.register()
+def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for name, (check_id, valid, must_be) in _RULES.items():
+        value = getattr(settings, name)
+        if not valid(value):
+            errors.append(
+                checks.Error(
+                    f"{PREFIX}{name} must be {must_be}; it is {value!r}.",
+                    id=check_id,
+                    obj=f"{PREFIX}{name}",
+                )
+            )
+    known = set(KumiflowSettings.names())
+    for attr in dir(django_settings):
+        if attr.startswith(PREFIX) and attr[len(PREFIX) :] not in known:
+            errors.append(
+                checks.Warning(
+                    f"{attr} is not a kumiflow-django setting (misspelt?).",
+                    hint="The settings are listed in docs/settings.md.",
+                    id="kumiflow.W001",
+                    obj=attr,
+                )
+            )
+    return errors

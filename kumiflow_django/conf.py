@@ -1,0 +1,59 @@
+"""The ``KUMIFLOW_*`` settings, read lazily through one typed accessor.
+
+Every attribute read goes to ``django.conf.settings`` at that moment, so
+``override_settings`` works in tests and nothing is read at import time.
+The class attributes are the documented defaults (docs/settings.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from django.conf import settings as django_settings
+
+PREFIX = "KUMIFLOW_"
+
+
+class KumiflowSettings:
+    #: Tenant used when an API call names none.
+    DEFAULT_TENANT: str = "default"
+    #: How an appended event wakes a run waiting for it: "inline" resumes the
+    #: run in the appending transaction, "worker" marks it due for the resume loop.
+    EVENT_WAKE: str = "inline"
+    #: How deep workflows may start workflows (through appended events) in one transaction.
+    MAX_START_DEPTH: int = 8
+    #: Largest number of runs the resume loop claims per batch.
+    RESUME_BATCH_SIZE: int = 100
+    #: Longest sleep of a loop between two polls, in seconds.
+    MAX_INTERVAL: float = 5.0
+    #: Seconds a claimed segment may run before another worker may take it over.
+    LEASE_SECONDS: float = 300.0
+    #: Default retry policy of outbox deliveries.
+    DISPATCH_RETRY: Mapping[str, Any] = MappingProxyType(
+        {"attempts": 8, "backoff": "exponential", "base": 10.0, "max_delay": 3600.0, "jitter": 0.1}
+    )
+    #: Per-endpoint webhook secrets: name -> secret. Secrets never enter the event log.
+    WEBHOOK_SECRETS: Mapping[str, str] = MappingProxyType({})
+    #: Host names or IP networks a webhook may reach although they are private.
+    WEBHOOK_ALLOWED_PRIVATE_HOSTS: Sequence[str] = ()
+    #: Connect and read timeouts of webhook requests, in seconds.
+    WEBHOOK_TIMEOUT: tuple[float, float] = (5.0, 15.0)
+    #: Optional ``TASKS`` backend alias; wake-ups are then also enqueued as tasks.
+    TASKS_BACKEND: str | None = None
+    #: Largest payload shown in the admin timeline, in characters.
+    ADMIN_PAYLOAD_CHARS: int = 2000
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.isupper():
+            default = object.__getattribute__(self, name)
+            return getattr(django_settings, PREFIX + name, default)
+        return object.__getattribute__(self, name)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [n for n in vars(cls) if n.isupper()]
+
+
+settings = KumiflowSettings()

@@ -1,0 +1,60 @@
+"""Settings are read lazily and validated by system checks with stable ids."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from kumiflow_django.checks import check_settings
+from kumiflow_django.conf import settings
+
+
+def ids(messages):
+    return [m.id for m in messages]
+
+
+def test_defaults_are_documented_class_attributes():
+    assert settings.DEFAULT_TENANT == "default"
+    assert settings.EVENT_WAKE == "inline"
+
+
+def test_settings_are_read_at_access_time():
+    with override_settings(KUMIFLOW_DEFAULT_TENANT="acme"):
+        assert settings.DEFAULT_TENANT == "acme"
+    assert settings.DEFAULT_TENANT == "default"
+
+
+def test_the_default_configuration_passes_the_checks():
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"),
+    [
+        ("DEFAULT_TENANT", "", "kumiflow.E001"),
+        ("DEFAULT_TENANT", "x" * 65, "kumiflow.E001"),
+        ("EVENT_WAKE", "sometimes", "kumiflow.E002"),
+        ("MAX_START_DEPTH", 0, "kumiflow.E003"),
+        ("RESUME_BATCH_SIZE", "100", "kumiflow.E004"),
+        ("MAX_INTERVAL", -1, "kumiflow.E005"),
+        ("LEASE_SECONDS", True, "kumiflow.E006"),
+        ("DISPATCH_RETRY", {"attempts": 0}, "kumiflow.E007"),
+        ("DISPATCH_RETRY", {"tries": 3}, "kumiflow.E007"),
+        ("WEBHOOK_SECRETS", {"crm": ""}, "kumiflow.E008"),
+        ("WEBHOOK_ALLOWED_PRIVATE_HOSTS", "localhost", "kumiflow.E009"),
+        ("WEBHOOK_TIMEOUT", (5,), "kumiflow.E010"),
+        ("TASKS_BACKEND", 3, "kumiflow.E011"),
+        ("ADMIN_PAYLOAD_CHARS", 0, "kumiflow.E012"),
+    ],
+)
+def test_each_bad_setting_has_its_own_error(name, value, check_id):
+    with override_settings(**{f"KUMIFLOW_{name}": value}):
+        messages = check_settings()
+    assert ids(messages) == [check_id]
+    assert f"KUMIFLOW_{name}" in messages[0].msg
+
+
+def test_a_misspelt_setting_is_a_warning():
+    with override_settings(KUMIFLOW_EVENT_WAKEUP="worker"):
+        messages = check_settings()
+    assert ids(messages) == ["kumiflow.W001"]
