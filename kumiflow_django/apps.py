@@ -11,4 +11,14 @@ class KumiflowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from kumiflow_django import checks  # noqa: F401  (registers the checks)
+        from django.utils.module_loading import autodiscover_modules
+
+        from kumiflow_django import (
+            checks,  # noqa: F401  (registers the checks)
+            steps,  # noqa: F401  (registers the step kinds)
+        )
+        from kumiflow_django.receivers import on_event_appended
+        from kumiflow_django.signals import event_appended
+
+        event_appended.connect(on_event_appended, dispatch_uid="kumiflow-engine")
+        autodiscover_modules("workflows")

@@ -9,18 +9,17 @@ transaction.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 
 from kumiflow_django import clock
 from kumiflow_django.conf import settings
 from kumiflow_django.exceptions import InvalidEvent, TenantMismatch, VersionConflict
+from kumiflow_django.jsonvalues import to_json
 from kumiflow_django.models.event import Event, EventQuerySet, _allow_writes
 from kumiflow_django.signals import event_appended
 
@@ -45,15 +44,6 @@ def resolve_tenant(tenant: str | None) -> str:
     if not isinstance(value, str) or not value or len(value) > 64:
         raise InvalidEvent(f"tenant must be a non-empty string of at most 64 characters: {value!r}")
     return value
-
-
-def to_json(value: Any, what: str) -> Any:
-    """``value`` as it reads back from a JSON column; raises InvalidEvent when it cannot be."""
-    try:
-        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidEvent(f"{what} is not JSON-serialisable: {exc}") from exc
-    return json.loads(text)
 
 
 def _check_stream_id(stream_id: object) -> str:

@@ -1,0 +1,254 @@
+"""Workflow definitions: ``define_workflow`` and the triggers.
+
+A definition is plain data, validated when it is built (at import time of
+a ``workflows.py``): an error names the workflow and the step path. Its
+fingerprint is computed once, here.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kumiflow_django.exceptions import WorkflowDefinitionError
+from kumiflow_django.fingerprint import callable_digest, fingerprint
+from kumiflow_django.steps.base import Step, check_resolver, get_kind, step_at, walk
+
+START_MODES = ("inline", "deferred")
+MISFIRE_POLICIES = ("latest", "all", "skip")
+OVERLAP_POLICIES = ("allow", "skip")
+
+
+@dataclass(frozen=True)
+class EventTrigger:
+    """Start a run when an event of ``event_type`` is appended (and ``filter(event)``)."""
+
+    event_type: str
+    filter: Callable[[Any], bool] | None = None
+
+    def validate(self) -> None:
+        if not isinstance(self.event_type, str) or not self.event_type.strip():
+            raise ValueError(f"on_event needs an event type, not {self.event_type!r}")
+        if self.filter is not None:
+            if not callable(self.filter):
+                raise ValueError("on_event filter must be a function of the event")
+            check_resolver(self.filter, "on_event filter")
+
+    def canonical(self) -> dict[str, Any]:
+        filter_ = callable_digest(self.filter) if self.filter else None
+        return {"kind": "event", "event_type": self.event_type, "filter": filter_}
+
+
+@dataclass(frozen=True)
+class CronTrigger:
+    """Start a run at each occurrence of a cron expression in a time zone."""
+
+    expression: str
+    timezone: str = "UTC"
+    misfire: str = "latest"
+    max_catch_up: int = 10
+    overlap: str = "allow"
+
+    def validate(self) -> None:
+        from croniter import croniter
+
+        if not isinstance(self.expression, str) or not self.expression.strip():
+            raise ValueError(f"on_cron needs a cron expression, not {self.expression!r}")
+        if not croniter.is_valid(self.expression, second_at_beginning=False):
+            raise ValueError(f"invalid cron expression {self.expression!r}")
+        try:
+            zoneinfo.ZoneInfo(self.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+            raise ValueError(f"unknown time zone {self.timezone!r}") from exc
+        if self.misfire not in MISFIRE_POLICIES:
+            raise ValueError(f"misfire must be one of {MISFIRE_POLICIES}, not {self.misfire!r}")
+        if self.overlap not in OVERLAP_POLICIES:
+            raise ValueError(f"overlap must be one of {OVERLAP_POLICIES}, not {self.overlap!r}")
+        if not isinstance(self.max_catch_up, int) or self.max_catch_up < 1:
+            raise ValueError(f"max_catch_up must be a positive integer, not {self.max_catch_up!r}")
+
+    def canonical(self) -> dict[str, Any]:
+        return {"kind": "cron", "expression": self.expression, "timezone": self.timezone}
+
+
+@dataclass(frozen=True)
+class ManualTrigger:
+    """Started only by ``start_workflow()``."""
+
+    def validate(self) -> None:
+        pass
+
+    def canonical(self) -> dict[str, Any]:
+        return {"kind": "manual"}
+
+
+Trigger = EventTrigger | CronTrigger | ManualTrigger
+
+
+def on_event(event_type: str, filter: Callable[[Any], bool] | None = None) -> EventTrigger:  # noqa: A002
+    return EventTrigger(event_type, filter)
+
+
+def on_cron(
+    expression: str,
+    timezone: str = "UTC",
+    *,
+    misfire: str = "latest",
+    max_catch_up: int = 10,
+    overlap: str = "allow",
+) -> CronTrigger:
+    """A cron trigger: croniter syntax (five fields, an optional sixth for
+    seconds, ``@daily`` aliases) evaluated in an IANA time zone."""
+    return CronTrigger(expression, timezone, misfire, max_catch_up, overlap)
+
+
+def manual() -> ManualTrigger:
+    return ManualTrigger()
+
+
+@dataclass(eq=False)
+class Workflow:
+    name: str
+    trigger: Trigger
+    steps: tuple[Step, ...]
+    idempotency_key: str | Callable[[Any], str] | None = None
+    version: str | None = None
+    start_mode: str = "inline"
+    fingerprint: str = field(init=False)
+    #: awaited event type -> the sets of match paths its waits use
+    awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fingerprint = fingerprint(self.canonical())
+        self.awaited = {}
+        for _, step in walk(self.steps):
+            if step.kind == "wait_for_event":
+                paths = tuple(sorted(step.args["match"]))
+                self.awaited.setdefault(step.args["event_type"], set()).add(paths)
+            elif step.kind in ("mail_send", "webhook_send") and step.args.get("await_delivery"):
+                from kumiflow_django.outbox import SETTLED
+
+                self.awaited.setdefault(SETTLED, set()).add(("stream_id",))
+
+    def __repr__(self) -> str:
+        version = f" v{self.version}" if self.version is not None else ""
+        return f"<Workflow {self.name}{version} {self.fingerprint[:12]}>"
+
+    def canonical(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "trigger": self.trigger.canonical(),
+            "steps": [_canonical_step(s) for s in self.steps],
+        }
+
+    def step_at(self, cursor: list[Any]) -> Step:
+        return step_at(self.steps, cursor)
+
+
+def _canonical_value(value: Any) -> Any:
+    if isinstance(value, Step):
+        return _canonical_step(value)
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    if callable(value):
+        return {"callable": callable_digest(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _canonical_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical_value(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)
+
+
+def _canonical_step(step: Step) -> dict[str, Any]:
+    return {
+        "kind": step.kind,
+        "name": step.name,
+        "args": {k: _canonical_value(v) for k, v in sorted(step.args.items())},
+        "children": {k: [_canonical_step(c) for c in v] for k, v in step.children.items()},
+    }
+
+
+def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
+    for path, step in walk(steps):
+        where = ".".join(map(str, path))
+        if not isinstance(step, Step):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}, step {where}: {step!r} is not a step (use the builders "
+                "of kumiflow_django.steps)"
+            )
+        try:
+            kind = get_kind(step.kind)
+            if len(path) > 1 and not kind.allowed_nested:
+                raise ValueError(f"{step.kind} is only allowed at the top level of a workflow")
+            kind.validate(step)
+        except (LookupError, ValueError, TypeError) as exc:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}, step {where} ({step.kind}): {exc}"
+            ) from exc
+
+
+def define_workflow(
+    name: str,
+    *,
+    steps: Sequence[Step],
+    trigger: Trigger | None = None,
+    idempotency_key: str | Callable[[Any], str] | None = None,
+    version: str | int | None = None,
+    start_mode: str = "inline",
+    register: bool = True,
+) -> Workflow:
+    """Define (and register) a workflow.
+
+    ``trigger`` is ``on_event(...)``, ``on_cron(...)`` or None (manual start
+    only). ``idempotency_key`` (a string, or a function of the trigger event)
+    makes a second start with the same key return the first run.
+    ``start_mode="deferred"`` records the run and lets a worker run it.
+    """
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise WorkflowDefinitionError(f"a workflow needs a name of 1 to 200 characters: {name!r}")
+    trigger = trigger if trigger is not None else ManualTrigger()
+    if not isinstance(trigger, EventTrigger | CronTrigger | ManualTrigger):
+        raise WorkflowDefinitionError(f"workflow {name!r}: {trigger!r} is not a trigger")
+    try:
+        trigger.validate()
+    except ValueError as exc:
+        raise WorkflowDefinitionError(f"workflow {name!r}, trigger: {exc}") from exc
+    if start_mode not in START_MODES:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: start_mode must be one of {START_MODES}, not {start_mode!r}"
+        )
+    if version is not None and (isinstance(version, bool) or len(str(version)) > 50):
+        raise WorkflowDefinitionError(f"workflow {name!r}: invalid version {version!r}")
+    if idempotency_key is not None and not (
+        (isinstance(idempotency_key, str) and idempotency_key) or callable(idempotency_key)
+    ):
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: idempotency_key must be a string or a function of the event"
+        )
+    if callable(idempotency_key):
+        try:
+            check_resolver(idempotency_key, "idempotency_key")
+        except ValueError as exc:
+            raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from exc
+    if isinstance(steps, Step) or not isinstance(steps, Sequence):
+        raise WorkflowDefinitionError(f"workflow {name!r}: steps must be a list of steps")
+    step_tuple = tuple(steps)
+    _validate_steps(name, step_tuple)
+    workflow = Workflow(
+        name=name,
+        trigger=trigger,
+        steps=step_tuple,
+        idempotency_key=idempotency_key,
+        version=None if version is None else str(version),
+        start_mode=start_mode,
+    )
+    if register:
+        from kumiflow_django.registry import registry
+
+        registry.register(workflow)
+    return workflow

@@ -1,0 +1,270 @@
+"""Segments: a run advances from one suspension to the next in one transaction.
+
+A :class:`Segment` runs the steps of one run from a cursor, collects the
+events it produces (the run's own and the outbox's) in memory, applies
+them to the run row with the projection's reducer, and writes everything
+at the end: one bulk insert of events, one write of the run row, one of the
+outbox rows. Then ``event_appended`` is sent for each event.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import OperationalError
+
+from kumiflow_django import clock, eventstore, outbox, runs
+from kumiflow_django import run_events as ev
+from kumiflow_django.context import (
+    Context,
+    ReturnValue,
+    RunInfo,
+    StepError,
+    Suspend,
+    Wake,
+    path_text,
+)
+from kumiflow_django.definition import Workflow
+from kumiflow_django.durations import isoformat
+from kumiflow_django.exceptions import InvalidEvent
+from kumiflow_django.jsonvalues import to_json
+from kumiflow_django.models.dispatch import Dispatch
+from kumiflow_django.models.event import Event
+from kumiflow_django.models.run import WorkflowRun
+from kumiflow_django.steps.base import run_steps
+
+logger = logging.getLogger("kumiflow_django.engine")
+
+#: How deeply segments are nested in this thread (a step that appends an
+#: event may start or wake another run inside the same transaction).
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("kumiflow_depth", default=0)
+
+
+def current_depth() -> int:
+    return _depth.get()
+
+
+class Conflict(Exception):
+    """The run moved on since it was read: another worker got there first."""
+
+
+@dataclass
+class Failure(Exception):
+    """A segment failed; the run ends failed with this reason and text."""
+
+    reason: str
+    error: str
+    cursor: list[Any] | None = None
+    trail: list[str] | None = None
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.error}"
+
+
+def is_transient(error: BaseException) -> bool:
+    """Database trouble that says nothing about the step (a lost connection, a
+    deadlock, a locked SQLite file): the transaction is retried, the run is
+    not failed."""
+    return isinstance(error, OperationalError)
+
+
+class Segment:
+    """The events of one run's segment and the rows they become."""
+
+    def __init__(self, run_id: uuid.UUID, tenant: str, run: WorkflowRun | None = None) -> None:
+        self.run_id = run_id
+        self.run = run
+        self.tenant = tenant
+        self.new = run is None
+        self.base_version = 0 if run is None else run.version
+        self.events: list[Event] = []
+        self.dispatches: list[Dispatch] = []
+        self.now = clock.now()
+
+    def add(self, type_: str, payload: dict[str, Any]) -> Event:
+        version = (self.run.version if self.run is not None else 0) + 1
+        event = Event(
+            tenant_id=self.tenant,
+            stream_type=ev.RUN_STREAM,
+            stream_id=str(self.run_id),
+            version=version,
+            type=type_,
+            payload=payload,
+            metadata={},
+            created_at=self.now,
+        )
+        self.run = runs.apply(self.run, event)
+        self.events.append(event)
+        return event
+
+    def add_effects(self, ctx: Context) -> None:
+        for kind, effect in ctx.effects:
+            if kind != "dispatch":  # pragma: no cover - only kind so far
+                raise ValueError(f"unknown effect {kind!r}")
+            dispatch: Dispatch | None = None
+            for event in outbox.requested_events(effect, ctx, self.now):
+                dispatch = outbox.apply(dispatch, event)
+                self.events.append(event)
+            assert dispatch is not None
+            self.dispatches.append(dispatch)
+
+    def persist(self) -> WorkflowRun:
+        """Write the segment: events, run row, outbox rows; then announce the events."""
+        assert self.run is not None
+        eventstore.insert(self.events)
+        if self.new:
+            self.run.save(force_insert=True)
+        else:
+            fields = {
+                f.attname: getattr(self.run, f.attname)
+                for f in WorkflowRun._meta.concrete_fields
+                if not f.primary_key
+            }
+            updated = WorkflowRun.objects.filter(pk=self.run.pk, version=self.base_version).update(
+                **fields
+            )
+            if not updated:
+                raise Conflict(f"run {self.run.pk} is no longer at version {self.base_version}")
+        if self.dispatches:
+            Dispatch.objects.bulk_create(self.dispatches)
+        eventstore.notify(self.events)
+        if any(d.status == "pending" for d in self.dispatches):
+            from kumiflow_django import wakeups
+
+            wakeups.work_committed("dispatch")
+        return self.run
+
+
+def run_info(run: WorkflowRun) -> RunInfo:
+    return RunInfo(
+        id=run.id,
+        workflow=run.workflow,
+        version=run.workflow_version or None,
+        tenant=run.tenant_id,
+        fingerprint=run.fingerprint,
+    )
+
+
+def advance(
+    segment: Segment,
+    workflow: Workflow,
+    trigger: Any,
+    *,
+    cursor: list[Any] | None,
+    state: dict[str, Any],
+    wake: Wake,
+) -> None:
+    """Run the steps from ``cursor`` and add the closing event to the segment.
+
+    Raises :class:`Failure` when a step fails (the caller rolls the
+    segment's savepoint back and records the failure).
+    """
+    run = segment.run
+    assert run is not None
+    ctx = Context(
+        event=trigger,
+        run=run_info(run),
+        state=state,
+        wake=wake,
+        depth=_depth.get(),
+        since_position=run.since_position,
+    )
+    token = _depth.set(_depth.get() + 1)
+    try:
+        run_steps(workflow.steps, ctx, [], cursor)
+    except Suspend as suspend:
+        segment.add_effects(ctx)
+        _suspend(segment, ctx, suspend)
+        return
+    except ReturnValue as returned:
+        result = _result(returned.value, ctx)
+        segment.add_effects(ctx)
+        segment.add(ev.RUN_COMPLETED, {"result": result, "trail": _trail(ctx)})
+        return
+    except StepError as failure:
+        if is_transient(failure.error):
+            raise failure.error from failure
+        logger.warning(
+            "run %s: %s",
+            run.id,
+            failure.describe(),
+            exc_info=(type(failure.error), failure.error, failure.error.__traceback__),
+        )
+        raise Failure(ev.STEP_FAILED, failure.describe(), failure.path, _trail(ctx)) from failure
+    finally:
+        _depth.reset(token)
+    segment.add_effects(ctx)
+    segment.add(ev.RUN_COMPLETED, {"result": None, "trail": _trail(ctx)})
+
+
+def _trail(ctx: Context) -> list[str]:
+    return list(dict.fromkeys(ctx.trail))
+
+
+def _result(value: Any, ctx: Context) -> Any:
+    try:
+        return to_json(value, "the run's result")
+    except InvalidEvent as exc:
+        raise Failure(
+            ev.STEP_FAILED, f"TypeError at step return: {exc}", None, _trail(ctx)
+        ) from exc
+
+
+def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
+    info = suspend.info
+    payload: dict[str, Any] = {
+        "cursor": suspend.cursor,
+        "state": copy.deepcopy(ctx.state),
+        "trail": _trail(ctx),
+    }
+    if suspend.kind == "timer":
+        segment.add(ev.STEP_WAITING, payload | {"wake_at": isoformat(info["wake_at"])})
+    elif suspend.kind == "event":
+        timeout_at = info.get("timeout_at")
+        segment.add(
+            ev.STEP_WAITING_FOR_EVENT,
+            payload
+            | {
+                "event_type": info["event_type"],
+                "match": info["match"],
+                "correlation_key": info["correlation_key"],
+                "timeout_at": isoformat(timeout_at) if timeout_at else None,
+                "after": info["after"],
+            },
+        )
+    else:
+        segment.add(
+            ev.RETRY_SCHEDULED,
+            payload
+            | {
+                "wake_at": isoformat(info["wake_at"]),
+                "attempt": info["attempt"],
+                "max_attempts": info["max_attempts"],
+                "error": info["error"],
+            },
+        )
+    logger.debug("run %s suspended (%s) at %s", ctx.run.id, suspend.kind, path_text(suspend.cursor))
+
+
+def record_failure(segment: Segment, failure: Failure) -> None:
+    payload: dict[str, Any] = {
+        "error": failure.error,
+        "reason": failure.reason,
+        "trail": failure.trail or [],
+    }
+    if failure.cursor is not None:
+        payload["cursor"] = failure.cursor
+    segment.add(ev.RUN_FAILED, payload)
+
+
+def keyed_run_id(tenant: str, workflow: str, key: str) -> uuid.UUID:
+    """The run id of a keyed start: the same key gives the same run."""
+    return uuid.uuid5(_NAMESPACE, f"{tenant}|{workflow}|{key}")
+
+
+_NAMESPACE = uuid.UUID("6f1c1a4e-5b0d-4a8e-9d8e-2b7f3c1d9a10")

@@ -1,0 +1,114 @@
+"""The shape every background loop shares (resume, dispatch, cron).
+
+A loop does a batch of work, then sleeps until its next known due time,
+bounded by ``max_interval``, or until it is told that new work was
+committed (in this process, or by PostgreSQL ``NOTIFY`` from another).
+``stop()`` makes it finish the item at hand and return. Commands are thin
+shells around these classes; tests call ``run_once()`` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.conf import settings as django_settings
+from django.db import close_old_connections, connection, reset_queries
+
+from kumiflow_django import clock, wakeups
+
+logger = logging.getLogger("kumiflow_django.loop")
+
+
+class Loop:
+    name: ClassVar[str] = "loop"
+    #: The kinds of committed work (see ``wakeups``) that wake this loop.
+    kinds: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, batch_size: int = 100, max_interval: float = 5.0) -> None:
+        self.batch_size = batch_size
+        self.max_interval = max_interval
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+
+    # -- to implement ------------------------------------------------------
+    def run_once(self) -> int:
+        """Handle one batch of due work; return how many items were handled."""
+        raise NotImplementedError
+
+    def next_due(self) -> datetime | None:
+        """When the next known item becomes due, if any."""
+        return None
+
+    # -- running -----------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def notify(self, kind: str) -> None:
+        if kind in self.kinds:
+            self._wake.set()
+
+    def sleep_seconds(self) -> float:
+        due = self.next_due()
+        if due is None:
+            return self.max_interval
+        seconds = (due - clock.now()).total_seconds()
+        return min(max(seconds, 0.0), self.max_interval)
+
+    def run_forever(self) -> None:
+        wakeups.subscribe(self.notify)
+        logger.info("%s loop started", self.name)
+        try:
+            while not self.stopping:
+                close_old_connections()
+                if django_settings.DEBUG:
+                    reset_queries()
+                try:
+                    handled = self.run_once()
+                except Exception:
+                    logger.exception("%s loop: a batch failed; trying again", self.name)
+                    handled = 0
+                if self._stopping.is_set():
+                    break
+                if handled >= self.batch_size:
+                    continue  # more is due: no sleep
+                self._wake.wait(self.sleep_seconds())
+                self._wake.clear()
+        finally:
+            wakeups.unsubscribe(self.notify)
+            close_old_connections()
+            logger.info("%s loop stopped", self.name)
+
+
+class PgListener(threading.Thread):
+    """Relays PostgreSQL notifications on ``wakeups.CHANNEL`` to this process's loops."""
+
+    def __init__(self) -> None:
+        super().__init__(name="kumiflow-listen", daemon=True)
+        self._stopping = threading.Event()
+        self.params: dict[str, Any] = connection.get_connection_params()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:  # pragma: no cover - exercised by the worker tests on PostgreSQL
+        import psycopg
+
+        while not self._stopping.is_set():
+            try:
+                params = {k: v for k, v in self.params.items() if k not in ("cursor_factory",)}
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {wakeups.CHANNEL}")
+                    while not self._stopping.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            wakeups.announce_local(note.payload)
+            except Exception:
+                logger.warning("LISTEN connection lost; retrying", exc_info=True)
+                self._stopping.wait(2.0)

@@ -1,0 +1,308 @@
+"""Resuming suspended runs: one run at a time, each in its own transaction.
+
+A resume locks the run row (skipping locked rows where the database can),
+checks that the run is still suspended at the version it was read at,
+checks its definition, and continues at its cursor. The first event it
+writes, ``step.resumed``, takes the next version of the run's stream: if
+another worker got there first, the insert fails on the unique
+``(tenant, stream, version)`` constraint and this resume is a silent skip.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+
+from kumiflow_django import clock, matching
+from kumiflow_django import run_events as ev
+from kumiflow_django.conf import settings
+from kumiflow_django.context import TriggerEvent, Wake, check_state
+from kumiflow_django.definition import Workflow
+from kumiflow_django.engine import Conflict, Failure, Segment, advance, record_failure
+from kumiflow_django.models.event import Event
+from kumiflow_django.models.run import SUSPENDED, RunStatus, WorkflowRun
+from kumiflow_django.outbox import OUTCOME_TYPES, SETTLED
+from kumiflow_django.registry import registry
+
+logger = logging.getLogger("kumiflow_django.resuming")
+
+#: Awaited "types" that stand for several event types.
+ALIASES: dict[str, tuple[str, ...]] = {SETTLED: OUTCOME_TYPES}
+
+
+def event_types_for(awaited: str) -> tuple[str, ...]:
+    return ALIASES.get(awaited, (awaited,))
+
+
+def awaited_as(event_type: str) -> list[str]:
+    """The awaited types an event of ``event_type`` can satisfy."""
+    return [event_type, *(alias for alias, types in ALIASES.items() if event_type in types)]
+
+
+def lock_run(run_id: uuid.UUID, *, skip_locked: bool) -> WorkflowRun | None:
+    qs = WorkflowRun.objects.filter(pk=run_id)
+    features = connection.features
+    if features.has_select_for_update:
+        skip = skip_locked and features.has_select_for_update_skip_locked
+        qs = qs.select_for_update(skip_locked=skip)
+    return qs.first()
+
+
+def resume_run(
+    run_id: uuid.UUID,
+    *,
+    wake: Wake | None = None,
+    skip_locked: bool = False,
+    expected_version: int | None = None,
+) -> WorkflowRun | None:
+    """Continue a suspended run that is due (or that ``wake.event`` satisfies).
+
+    Returns the run after its segment, or None when there was nothing to do:
+    not due, already resumed by someone else, locked by another worker.
+    """
+    with transaction.atomic():
+        run = lock_run(run_id, skip_locked=skip_locked)
+        if run is None or run.status not in SUSPENDED:
+            return None
+        if expected_version is not None and run.version != expected_version:
+            return None
+        if wake is not None and wake.reason == "event":
+            if not satisfies(run, wake.event):
+                return None
+        elif run.wake_at is None or run.wake_at > clock.now():
+            return None
+        return continue_run(run, wake)
+
+
+def satisfies(run: WorkflowRun, event: Event) -> bool:
+    return (
+        run.status == RunStatus.WAITING_EVENT
+        and run.awaited_event_type in awaited_as(event.type)
+        and event.tenant_id == run.tenant_id
+        and event.position > (run.awaited_after or 0)
+        and matching.matches(event, run.awaited_match or {})
+    )
+
+
+def _definition(run: WorkflowRun) -> Workflow | Failure:
+    if not registry.is_registered(run.workflow):
+        return Failure(
+            ev.NOT_REGISTERED,
+            f'Workflow "{run.workflow}" is not registered: cannot resume run {run.id}.',
+        )
+    workflow = registry.find(run.workflow, run.workflow_version or None)
+    if workflow is not None and workflow.fingerprint == run.fingerprint:
+        return workflow
+    current = registry.get(run.workflow)
+    return Failure(
+        ev.DEFINITION_CHANGED,
+        f'Workflow "{run.workflow}" definition changed since run {run.id} started '
+        f"(expected {run.fingerprint[:12]}…, current {current.fingerprint[:12]}…). "
+        "Cancel the run or wait for it to complete before deploying definition changes, "
+        "or keep the old definition registered with its version=.",
+    )
+
+
+def _trigger(run: WorkflowRun) -> Any:
+    if run.trigger_position is None:
+        return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
+    event = Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
+    if event is None:
+        raise Failure(
+            ev.TRIGGER_UNAVAILABLE,
+            f"the trigger event at position {run.trigger_position} is no longer in the log",
+        )
+    return event
+
+
+def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
+    if run.status == RunStatus.PENDING:
+        return Wake("start")
+    if run.status == RunStatus.RETRY_SCHEDULED:
+        return Wake("retry")
+    if run.status == RunStatus.WAITING:
+        return wake or Wake("timer")
+    # waiting for an event
+    if wake is not None and wake.reason == "event":
+        return wake
+    if run.matched_position is not None:
+        event = Event.objects.filter(position=run.matched_position).first()
+        if event is None:
+            raise Failure(
+                ev.AWAITED_UNAVAILABLE,
+                f"the awaited event at position {run.matched_position} is no longer in the log",
+            )
+        return Wake("event", event)
+    # The timeout is over: a matching event may have slipped in since the wait began.
+    found = matching.lookback(
+        run.tenant_id,
+        event_types_for(run.awaited_event_type or ""),
+        run.awaited_match or {},
+        run.awaited_after or 0,
+    )
+    return Wake("event", found) if found is not None else Wake("timeout")
+
+
+def continue_run(run: WorkflowRun, wake: Wake | None) -> WorkflowRun | None:
+    """Run the next segment of a locked, suspended run."""
+    workflow = _definition(run)
+    if isinstance(workflow, Failure):
+        return _fail(run, workflow, resumed=False)
+    try:
+        state = check_state(copy.deepcopy(run.state))
+        cursor = None if run.status == RunStatus.PENDING else run.cursor
+        if cursor is not None:
+            workflow.step_at(cursor)
+        elif run.status != RunStatus.PENDING:
+            raise ValueError("a suspended run has no cursor")
+    except (ValueError, TypeError, AttributeError) as exc:
+        return _fail(run, Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}"))
+    try:
+        trigger = _trigger(run)
+        actual = _wake(run, wake)
+    except Failure as failure:
+        return _fail(run, failure)
+    resumed: dict[str, Any] = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
+    if actual.event is not None:
+        resumed["event"] = {
+            "position": actual.event.position,
+            "event_id": str(actual.event.event_id),
+        }
+    try:
+        with transaction.atomic():
+            segment = Segment(run.id, run.tenant_id, copy.deepcopy(run))
+            segment.add(ev.STEP_RESUMED, resumed)
+            advance(segment, workflow, trigger, cursor=cursor, state=state, wake=actual)
+            updated = segment.persist()
+    except Failure as failure:
+        logger.warning("run %s of %s failed: %s", run.id, run.workflow, failure)
+        return _fail(run, failure, resumed=resumed)
+    except (IntegrityError, Conflict):
+        logger.info("run %s: another worker resumed it first; skipped", run.id)
+        return None
+    from kumiflow_django.starting import after_segment
+
+    after_segment(updated)
+    logger.info("run %s resumed (%s) -> %s", run.id, actual.reason, updated.status)
+    return updated
+
+
+def _fail(
+    run: WorkflowRun, failure: Failure, resumed: dict[str, Any] | bool = True
+) -> WorkflowRun | None:
+    try:
+        with transaction.atomic():
+            segment = Segment(run.id, run.tenant_id, copy.deepcopy(run))
+            if resumed:
+                payload = resumed if isinstance(resumed, dict) else {"cursor": run.cursor}
+                segment.add(ev.STEP_RESUMED, dict(payload))
+            record_failure(segment, failure)
+            updated = segment.persist()
+    except (IntegrityError, Conflict):
+        return None
+    logger.warning("run %s of %s failed (%s)", run.id, run.workflow, failure.reason)
+    return updated
+
+
+# --- awaited events ---------------------------------------------------------
+
+
+def waiting_for(event: Event) -> list[uuid.UUID]:
+    """Runs of the event's tenant that wait for an event like this one."""
+    ids: list[uuid.UUID] = []
+    for awaited in awaited_as(event.type):
+        path_sets = registry.awaited_paths(awaited)
+        if not path_sets:
+            continue
+        keys = matching.keys_for_event(event, path_sets)
+        if keys:
+            ids.extend(
+                WorkflowRun.objects.awaiting(event.tenant_id, awaited, keys)
+                .filter(awaited_after__lt=event.position)
+                .order_by("started_at")
+                .values_list("id", flat=True)
+            )
+    return ids
+
+
+def is_awaited(event_type: str) -> bool:
+    return any(registry.awaited_paths(a) for a in awaited_as(event_type))
+
+
+def wake_waiters(event: Event) -> None:
+    """Wake the runs an appended event satisfies, in the appending transaction."""
+    for run_id in waiting_for(event):
+        _deliver(run_id, event)
+    if not writers_serialized():
+        transaction.on_commit(lambda: _recheck_event(event.position))
+
+
+def _deliver(run_id: uuid.UUID, event: Event) -> None:
+    if settings.EVENT_WAKE == "inline":
+        resume_run(run_id, wake=Wake("event", event))
+    else:
+        mark_matched(run_id, event)
+
+
+def mark_matched(run_id: uuid.UUID, event: Event) -> None:
+    """Record the awaited event on the run and make it due for the resume loop."""
+    with transaction.atomic():
+        run = lock_run(run_id, skip_locked=False)
+        if run is None or not satisfies(run, event) or run.matched_position is not None:
+            return
+        try:
+            with transaction.atomic():
+                segment = Segment(run.id, run.tenant_id, copy.deepcopy(run))
+                segment.add(
+                    ev.EVENT_MATCHED,
+                    {"event": {"position": event.position, "event_id": str(event.event_id)}},
+                )
+                segment.persist()
+        except (IntegrityError, Conflict):
+            return
+    from kumiflow_django import wakeups
+
+    wakeups.work_committed("resume", event.created_at)
+
+
+def writers_serialized() -> bool:
+    """SQLite runs one write transaction at a time (IMMEDIATE): a suspension and
+    an append cannot interleave there, so the after-commit checks are not needed."""
+    return connection.vendor == "sqlite"
+
+
+def _recheck_event(position: int) -> None:
+    """After the append committed: a run that began waiting concurrently (its
+    transaction did not yet see the event, ours did not yet see the run) is
+    found now."""
+    event = Event.objects.filter(position=position).first()
+    if event is None:
+        return
+    for run_id in waiting_for(event):
+        _deliver(run_id, event)
+
+
+def recheck_after_commit(run: WorkflowRun) -> None:
+    if writers_serialized():
+        return
+    run_id, version = run.id, run.version
+    transaction.on_commit(lambda: _recheck_run(run_id, version))
+
+
+def _recheck_run(run_id: uuid.UUID, version: int) -> None:
+    """After a suspension committed: look back once more for its event."""
+    run = WorkflowRun.objects.filter(pk=run_id, version=version).first()
+    if run is None or run.status != RunStatus.WAITING_EVENT or run.matched_position is not None:
+        return
+    found = matching.lookback(
+        run.tenant_id,
+        event_types_for(run.awaited_event_type or ""),
+        run.awaited_match or {},
+        run.awaited_after or 0,
+    )
+    if found is not None:
+        _deliver(run_id, found)

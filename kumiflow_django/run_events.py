@@ -1,0 +1,69 @@
+"""The names of the events the engine writes, and the reasons a run fails.
+
+Only the engine writes events under ``kumiflow.``; user code reads them
+(projections may subscribe to them) but cannot append them.
+"""
+
+from __future__ import annotations
+
+RUN_STREAM = "workflow-run"
+DISPATCH_STREAM = "step-dispatch"
+
+RUN_STARTED = "kumiflow.workflow.run-started"
+STEP_WAITING = "kumiflow.workflow.step.waiting"
+STEP_WAITING_FOR_EVENT = "kumiflow.workflow.step.waiting-for-event"
+RETRY_SCHEDULED = "kumiflow.workflow.retry.scheduled"
+EVENT_MATCHED = "kumiflow.workflow.event-matched"
+STEP_RESUMED = "kumiflow.workflow.step.resumed"
+RUN_COMPLETED = "kumiflow.workflow.run-completed"
+RUN_FAILED = "kumiflow.workflow.run-failed"
+RUN_CANCELLED = "kumiflow.workflow.run-cancelled"
+RUN_RETRIED = "kumiflow.workflow.run-retried"
+RUN_WOKEN = "kumiflow.workflow.run-woken"
+RUN_RECOVERED = "kumiflow.workflow.run-recovered"
+
+RUN_EVENTS = frozenset(
+    {
+        RUN_STARTED,
+        STEP_WAITING,
+        STEP_WAITING_FOR_EVENT,
+        RETRY_SCHEDULED,
+        EVENT_MATCHED,
+        STEP_RESUMED,
+        RUN_COMPLETED,
+        RUN_FAILED,
+        RUN_CANCELLED,
+        RUN_RETRIED,
+        RUN_WOKEN,
+        RUN_RECOVERED,
+    }
+)
+
+DISPATCH_REQUESTED = "kumiflow.step.dispatch-requested"
+DISPATCH_ATTEMPT_STARTED = "kumiflow.step.dispatch-attempt-started"
+DISPATCH_ATTEMPT_FAILED = "kumiflow.step.dispatch-attempt-failed"
+DISPATCHED = "kumiflow.step.dispatched"
+DISPATCH_FAILED = "kumiflow.step.dispatch-failed"
+DISPATCH_CANCELLED = "kumiflow.step.dispatch-cancelled"
+DISPATCH_REDELIVERY = "kumiflow.step.dispatch-redelivery-requested"
+
+DISPATCH_EVENTS = frozenset(
+    {
+        DISPATCH_REQUESTED,
+        DISPATCH_ATTEMPT_STARTED,
+        DISPATCH_ATTEMPT_FAILED,
+        DISPATCHED,
+        DISPATCH_FAILED,
+        DISPATCH_CANCELLED,
+        DISPATCH_REDELIVERY,
+    }
+)
+
+# Reasons of run-failed (machine-readable; the error text says more).
+STEP_FAILED = "step_failed"
+DEFINITION_CHANGED = "workflow_definition_changed"
+NOT_REGISTERED = "workflow_not_registered"
+TRIGGER_UNAVAILABLE = "trigger_event_unavailable"
+AWAITED_UNAVAILABLE = "awaited_event_unavailable"
+CORRUPT_STATE = "corrupt_state"
+START_DEPTH_EXCEEDED = "start_depth_exceeded"

@@ -1,0 +1,42 @@
+"""The step vocabulary: builders for the steps of ``define_workflow(steps=[...])``.
+
+Each kind lives in its own module behind one registry; register your own
+kind with :func:`register_step_kind`.
+"""
+
+from kumiflow_django.steps.append_event import append_event
+from kumiflow_django.steps.base import Step, StepKind, register_step_kind, resolve
+from kumiflow_django.steps.branch import branch
+from kumiflow_django.steps.call import call, handler
+from kumiflow_django.steps.compute import compute
+from kumiflow_django.steps.for_each import for_each
+from kumiflow_django.steps.mail import mail_send
+from kumiflow_django.steps.model import StaleVersion, model
+from kumiflow_django.steps.read import read
+from kumiflow_django.steps.retry import retry
+from kumiflow_django.steps.return_ import return_
+from kumiflow_django.steps.wait import wait
+from kumiflow_django.steps.wait_for_event import wait_for_event
+from kumiflow_django.steps.webhook import webhook_send
+
+__all__ = [
+    "Step",
+    "StepKind",
+    "StaleVersion",
+    "append_event",
+    "branch",
+    "call",
+    "compute",
+    "for_each",
+    "handler",
+    "mail_send",
+    "model",
+    "read",
+    "register_step_kind",
+    "resolve",
+    "retry",
+    "return_",
+    "wait",
+    "wait_for_event",
+    "webhook_send",
+]

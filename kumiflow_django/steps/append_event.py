@@ -1,0 +1,64 @@
+"""``append_event``: write a domain event from a workflow, in the run's tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kumiflow_django.context import Context
+from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+
+
+class AppendEventKind(StepKind):
+    kind = "append_event"
+    resolver_args = ("stream_id", "payload", "expected_version")
+
+    def validate(self, step: Step) -> None:
+        super().validate(step)
+        event_type = step.args["type"]
+        if not isinstance(event_type, str) or not event_type.strip():
+            raise ValueError(f"append_event needs an event type, not {event_type!r}")
+
+    def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
+        from kumiflow_django.eventstore import append_event
+
+        event = append_event(
+            resolve(step.args["stream_id"], ctx),
+            step.args["type"],
+            resolve(step.args["payload"], ctx) or {},
+            stream_type=step.args["stream_type"],
+            tenant=ctx.tenant,
+            expected_version=resolve(step.args["expected_version"], ctx),
+            metadata={"run_id": str(ctx.run.id), "workflow": ctx.run.workflow},
+        )
+        return {
+            "event_id": str(event.event_id),
+            "position": event.position,
+            "stream_id": event.stream_id,
+            "version": event.version,
+        }
+
+    def describe(self, step: Step) -> str:
+        return f"append {step.args['type']}"
+
+
+def append_event(
+    type: str,  # noqa: A002 - mirrors kumiflow_django.append_event
+    *,
+    stream_id: Resolver,
+    payload: Resolver = None,
+    stream_type: str = "",
+    expected_version: Resolver = None,
+    name: str | None = None,
+) -> Step:
+    """Append a domain event (it may start or wake other workflows)."""
+    args = {
+        "type": type,
+        "stream_id": stream_id,
+        "payload": payload,
+        "stream_type": stream_type,
+        "expected_version": expected_version,
+    }
+    return Step("append_event", name, args)
+
+
+register_step_kind(AppendEventKind())

@@ -1,0 +1,30 @@
+"""``compute``: a function of the context whose result is stored under a name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kumiflow_django.context import Context
+from kumiflow_django.steps.base import Step, StepKind, check_resolver, register_step_kind
+
+
+class ComputeKind(StepKind):
+    kind = "compute"
+
+    def validate(self, step: Step) -> None:
+        if not step.name:
+            raise ValueError("compute needs a name for its result")
+        if not callable(step.args["fn"]):
+            raise ValueError("compute needs a function of the context")
+        check_resolver(step.args["fn"], "the compute function")
+
+    def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
+        return step.args["fn"](ctx)
+
+
+def compute(name: str, fn: Any) -> Step:
+    """Store ``fn(ctx)`` in ``ctx.steps[name]``."""
+    return Step("compute", name, {"fn": fn})
+
+
+register_step_kind(ComputeKind())

@@ -1,0 +1,41 @@
+"""``wait``: suspend the run until a duration has passed or an instant is reached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kumiflow_django.context import Context, Suspend
+from kumiflow_django.durations import check_when, to_deadline
+from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+
+
+class WaitKind(StepKind):
+    kind = "wait"
+    resolver_args = ("until",)
+    stores_result = False
+    suspends = True
+
+    def validate(self, step: Step) -> None:
+        super().validate(step)
+        check_when(step.args["until"])
+
+    def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
+        if resume is not None:
+            return None  # the timer is over
+        wake_at = to_deadline(resolve(step.args["until"], ctx), ctx.now)
+        if wake_at <= ctx.now:
+            return None  # an instant in the past: nothing to wait for
+        raise Suspend("timer", path, wake_at=wake_at)
+
+    def describe(self, step: Step) -> str:
+        until = step.args["until"]
+        return f"wait {until}" if isinstance(until, str) else "wait"
+
+
+def wait(until: Resolver) -> Step:
+    """Suspend for an ISO 8601 duration (``"P1D"``) or a ``timedelta``, or until an
+    aware ``datetime`` / ISO instant; any of them may be a function of the context."""
+    return Step("wait", None, {"until": until})
+
+
+register_step_kind(WaitKind())

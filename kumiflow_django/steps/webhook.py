@@ -1,0 +1,74 @@
+"""``webhook_send``: request an HTTP call through the outbox.
+
+Like ``mail_send`` the step only records the request in the segment's
+transaction. The secret is named, not given: the dispatcher looks it up in
+``KUMIFLOW_WEBHOOK_SECRETS``, so it never enters the event log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kumiflow_django.context import Context
+from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+
+_UNSET: Any = object()
+
+
+class WebhookSendKind(StepKind):
+    kind = "webhook_send"
+    resolver_args = ("url", "body", "headers")
+
+    def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
+        from kumiflow_django import outbox
+
+        if resume is not None:
+            return outbox.delivery_result(ctx)
+        a = step.args
+        request: dict[str, Any] = {
+            "url": resolve(a["url"], ctx),
+            "method": a["method"].upper(),
+            "headers": resolve(a["headers"], ctx) or {},
+            "secret": a["secret"],
+            "timeout": list(a["timeout"]) if a["timeout"] else None,
+        }
+        body = resolve(a["body"], ctx)
+        if body is not _UNSET:
+            request["body"] = body
+        return outbox.request(ctx, path, "webhook", request, a["retry"], a["await_delivery"])
+
+    def describe(self, step: Step) -> str:
+        url = step.args["url"]
+        return f"webhook {url}" if isinstance(url, str) else "webhook"
+
+
+def webhook_send(
+    url: Resolver,
+    *,
+    body: Resolver = _UNSET,
+    method: str = "POST",
+    headers: Resolver = None,
+    secret: str | None = None,
+    timeout: tuple[float, float] | None = None,
+    retry: Mapping[str, Any] | None = None,
+    await_delivery: bool = False,
+    name: str | None = None,
+) -> Step:
+    """Request an HTTP call with a JSON ``body``. ``secret`` names an entry of
+    ``KUMIFLOW_WEBHOOK_SECRETS`` used to sign it; ``timeout`` is (connect,
+    read) seconds; ``retry`` and ``await_delivery`` as for ``mail_send``."""
+    args = {
+        "url": url,
+        "body": body,
+        "method": method,
+        "headers": headers,
+        "secret": secret,
+        "timeout": tuple(timeout) if timeout else None,
+        "retry": dict(retry) if retry else None,
+        "await_delivery": await_delivery,
+    }
+    return Step("webhook_send", name, args)
+
+
+register_step_kind(WebhookSendKind())
