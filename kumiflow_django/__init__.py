@@ -18,6 +18,18 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    # workflows
+    "define_workflow": "kumiflow_django.definition",
+    "on_event": "kumiflow_django.definition",
+    "on_cron": "kumiflow_django.definition",
+    "manual": "kumiflow_django.definition",
+    "Workflow": "kumiflow_django.definition",
+    "start_workflow": "kumiflow_django.starting",
+    "define_projection": "kumiflow_django.projections",
+    "register_dispatch_kind": "kumiflow_django.outbox",
+    "handler": "kumiflow_django.steps.call",
+    "register_step_kind": "kumiflow_django.steps.base",
+    "StepKind": "kumiflow_django.steps.base",
     # event store
     "NewEvent": "kumiflow_django.eventstore",
     "append_event": "kumiflow_django.eventstore",
@@ -41,6 +53,17 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "__version__",
+    "define_workflow",
+    "on_event",
+    "on_cron",
+    "manual",
+    "Workflow",
+    "start_workflow",
+    "define_projection",
+    "register_dispatch_kind",
+    "handler",
+    "register_step_kind",
+    "StepKind",
     "NewEvent",
     "append_event",
     "append_events",
@@ -75,6 +98,18 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from kumiflow_django.definition import (
+        Workflow,
+        define_workflow,
+        manual,
+        on_cron,
+        on_event,
+    )
+    from kumiflow_django.outbox import register_dispatch_kind
+    from kumiflow_django.projections import define_projection
+    from kumiflow_django.starting import start_workflow
+    from kumiflow_django.steps.base import StepKind, register_step_kind
+    from kumiflow_django.steps.call import handler
     from kumiflow_django.eventstore import (
         NewEvent,
         append_event,

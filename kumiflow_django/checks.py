@@ -80,6 +80,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "WEBHOOK_TIMEOUT": ("kumiflow.E010", _timeouts, "a pair (connect, read) of positive seconds"),
     "TASKS_BACKEND": ("kumiflow.E011", _optional_str, "None or a TASKS alias"),
     "ADMIN_PAYLOAD_CHARS": ("kumiflow.E012", _positive_int, "a positive integer"),
+    "CRON_MISFIRE_GRACE": ("kumiflow.E013", _positive_number, "a positive number of seconds"),
 }
 
 

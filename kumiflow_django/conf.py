@@ -42,6 +42,8 @@ class KumiflowSettings:
     WEBHOOK_TIMEOUT: tuple[float, float] = (5.0, 15.0)
     #: Optional ``TASKS`` backend alias; wake-ups are then also enqueued as tasks.
     TASKS_BACKEND: str | None = None
+    #: An occurrence later than this (seconds) is a misfire, handled by the policy.
+    CRON_MISFIRE_GRACE: float = 60.0
     #: Largest payload shown in the admin timeline, in characters.
     ADMIN_PAYLOAD_CHARS: int = 2000
 

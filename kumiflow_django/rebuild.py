@@ -13,8 +13,9 @@ from typing import Any
 
 from django.db import models, transaction
 
-from kumiflow_django import outbox, projections, runs
+from kumiflow_django import cron, outbox, projections, runs
 from kumiflow_django import run_events as ev
+from kumiflow_django.models.cron import CronSchedule
 from kumiflow_django.models.dispatch import Dispatch
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import WorkflowRun
@@ -58,6 +59,8 @@ def rebuild_all() -> dict[str, int]:
         counts["runs"] = _replay(ev.RUN_EVENTS, runs.apply, WorkflowRun)
         Dispatch.objects.all().delete()
         counts["dispatches"] = _replay(ev.DISPATCH_EVENTS, outbox.apply, Dispatch)
+        CronSchedule.objects.all().delete()
+        counts["schedules"] = _replay(ev.CRON_EVENTS, cron.apply, CronSchedule)
         for projection in projections.projections():
             if not projection.rebuildable:
                 continue

@@ -67,3 +67,24 @@ TRIGGER_UNAVAILABLE = "trigger_event_unavailable"
 AWAITED_UNAVAILABLE = "awaited_event_unavailable"
 CORRUPT_STATE = "corrupt_state"
 START_DEPTH_EXCEEDED = "start_depth_exceeded"
+
+CRON_STREAM = "cron-schedule"
+CRON_REGISTERED = "kumiflow.cron.schedule-registered"
+CRON_CHANGED = "kumiflow.cron.schedule-changed"
+CRON_REMOVED = "kumiflow.cron.schedule-removed"
+CRON_FIRED = "kumiflow.cron.fired"
+CRON_SKIPPED = "kumiflow.cron.skipped"
+CRON_ENABLED = "kumiflow.cron.enabled"
+CRON_DISABLED = "kumiflow.cron.disabled"
+
+CRON_EVENTS = frozenset(
+    {
+        CRON_REGISTERED,
+        CRON_CHANGED,
+        CRON_REMOVED,
+        CRON_FIRED,
+        CRON_SKIPPED,
+        CRON_ENABLED,
+        CRON_DISABLED,
+    }
+)

@@ -68,7 +68,7 @@ class IdleReport:
 
 
 def run_until_idle(
-    *, dispatch: bool = True, cron: bool = False, max_rounds: int = 1000
+    *, dispatch: bool = True, cron: bool = True, max_rounds: int = 1000
 ) -> IdleReport:
     """Run the loops until nothing is due at the clock's current time."""
     from kumiflow_django.resume_loop import ResumeLoop

@@ -102,3 +102,13 @@ LOGGING = {
         "kumiflow_django": {"handlers": ["console"], "level": env.str("KUMIFLOW_LOG", "WARNING")},
     },
 }
+
+# Where the shop's workflows send their webhooks (the demo points them at a
+# receiver it starts on loopback).
+SHOP_CRM_WEBHOOK_URL = env.str(
+    "SHOP_CRM_WEBHOOK_URL", default="https://hooks.example.com/crm-onboarding"
+)
+SHOP_REPORT_WEBHOOK_URL = env.str(
+    "SHOP_REPORT_WEBHOOK_URL", default="https://hooks.example.com/daily-report"
+)
+KUMIFLOW_WEBHOOK_SECRETS = {"crm": env.str("SHOP_CRM_SECRET", default="testproject-crm-secret")}

@@ -152,7 +152,7 @@ def walk(
     for index, step in enumerate(steps):
         path = (*prefix, index)
         found.append((path, step))
-        for label, children in step.children.items():
+        for label, children in getattr(step, "children", {}).items():
             found.extend(walk(children, (*path, label)))
     return found
 

@@ -1,0 +1,357 @@
+"""Cron schedules that fire each occurrence exactly once.
+
+Every schedule is a stream (``cron:<workflow>``) whose events the
+``CronSchedule`` row projects. Firing an occurrence starts a run whose id
+derives from the workflow and the scheduled instant, inside the transaction
+that appends ``cron.fired`` at the schedule's next version: a second
+scheduler, a restart or a retry can never start the same occurrence twice.
+
+Time zones: occurrences are computed in the schedule's IANA zone. A local
+time that does not exist (spring forward) fires at the first instant after
+the gap; a local time that happens twice (fall back) fires once, at its
+first occurrence.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Max
+
+from kumiflow_django import clock, eventstore
+from kumiflow_django import run_events as ev
+from kumiflow_django.conf import settings
+from kumiflow_django.context import TriggerEvent
+from kumiflow_django.definition import CronTrigger
+from kumiflow_django.durations import isoformat, parse_instant
+from kumiflow_django.engine import Conflict
+from kumiflow_django.exceptions import UnknownWorkflow
+from kumiflow_django.models.cron import CronSchedule
+from kumiflow_django.models.event import Event
+from kumiflow_django.models.run import FINISHED, WorkflowRun
+from kumiflow_django.registry import registry
+
+logger = logging.getLogger("kumiflow_django.cron")
+
+#: Counting missed occurrences stops here (a per-second schedule after a long outage).
+_COUNT_CAP = 10_000
+
+
+def occurrences(expression: str, timezone: str, after: datetime) -> Iterator[datetime]:
+    """Occurrences strictly after ``after``, as aware UTC datetimes."""
+    tz = ZoneInfo(timezone)
+    local_after = after.astimezone(tz)
+    it = croniter(expression, local_after)
+    last_wall = local_after.replace(tzinfo=None)
+    while True:
+        local = it.get_next(datetime)
+        wall = local.replace(tzinfo=None)
+        if wall <= last_wall:
+            continue  # the repeated hour of a fall-back change: fired already
+        last_wall = wall
+        yield local.astimezone(UTC)
+
+
+def next_occurrence(expression: str, timezone: str, after: datetime) -> datetime:
+    return next(occurrences(expression, timezone, after))
+
+
+def _definition(trigger: CronTrigger) -> dict[str, Any]:
+    return {
+        "expression": trigger.expression,
+        "timezone": trigger.timezone,
+        "misfire": trigger.misfire,
+        "max_catch_up": trigger.max_catch_up,
+        "overlap": trigger.overlap,
+    }
+
+
+def apply(schedule: CronSchedule | None, event: Event) -> CronSchedule:
+    """The schedule row after ``event`` (the cron projection)."""
+    p = event.payload
+    if event.type == ev.CRON_REGISTERED:
+        schedule = CronSchedule(workflow=event.stream_id.removeprefix("cron:"))
+        schedule.tenant_id = event.tenant_id
+    if schedule is None:
+        raise ValueError(f"event {event.type} precedes schedule-registered")
+    schedule.version = event.version
+    schedule.updated_at = event.created_at
+    if "next_fire_at" in p:
+        schedule.next_fire_at = parse_instant(p["next_fire_at"]) if p["next_fire_at"] else None
+    if event.type in (ev.CRON_REGISTERED, ev.CRON_CHANGED):
+        for key in ("expression", "timezone", "misfire", "max_catch_up", "overlap"):
+            setattr(schedule, key, p[key])
+        schedule.registered = True
+        if schedule.disabled_reason == "workflow not registered":
+            schedule.enabled, schedule.disabled_reason = True, ""
+    elif event.type == ev.CRON_REMOVED:
+        schedule.registered = False
+        schedule.enabled = False
+        schedule.disabled_reason = p["reason"]
+    elif event.type == ev.CRON_FIRED:
+        schedule.last_fired_at = event.created_at
+        if p["scheduled_for"]:
+            schedule.last_scheduled_for = parse_instant(p["scheduled_for"][-1])
+        if p["run_ids"]:
+            schedule.last_run_id = p["run_ids"][-1]
+        schedule.fired_count += len(p["run_ids"])
+        schedule.skipped_count += p.get("skipped", 0)
+    elif event.type == ev.CRON_SKIPPED:
+        schedule.skipped_count += p["skipped"]
+    elif event.type == ev.CRON_ENABLED:
+        schedule.enabled = True
+        schedule.disabled_reason = ""
+    elif event.type == ev.CRON_DISABLED:
+        schedule.enabled = False
+        schedule.disabled_reason = p.get("reason", "disabled by an operator")
+    return schedule
+
+
+def _record(
+    schedule: CronSchedule | None, workflow: str, tenant: str, type_: str, payload: dict[str, Any]
+) -> CronSchedule:
+    base = 0 if schedule is None else schedule.version
+    event = Event(
+        tenant_id=tenant,
+        stream_type=ev.CRON_STREAM,
+        stream_id=f"cron:{workflow}",
+        version=base + 1,
+        type=type_,
+        payload=payload,
+        metadata={},
+        created_at=clock.now(),
+    )
+    updated = apply(copy.deepcopy(schedule), event)
+    eventstore.insert([event])
+    if schedule is None:
+        updated.save(force_insert=True)
+    else:
+        fields = {
+            f.attname: getattr(updated, f.attname)
+            for f in CronSchedule._meta.concrete_fields
+            if not f.primary_key
+        }
+        if not CronSchedule.objects.filter(pk=workflow, version=base).update(**fields):
+            raise Conflict(f"schedule {workflow} is no longer at version {base}")
+    eventstore.notify([event])
+    return updated
+
+
+def _safely(fn: Any, *args: Any) -> CronSchedule | None:
+    """Run one schedule change in its own savepoint; a concurrent scheduler that
+    made the same change first is not an error."""
+    try:
+        with transaction.atomic():
+            return fn(*args)  # type: ignore[no-any-return]
+    except (IntegrityError, Conflict):
+        return None
+
+
+def sync_schedules() -> None:
+    """Bring the schedule rows in line with the registry: add new schedules,
+    recompute changed ones, disable those whose workflow is gone."""
+    now = clock.now()
+    rows = {row.workflow: row for row in CronSchedule.objects.all()}
+    for workflow in registry.cron_workflows():
+        trigger = workflow.trigger
+        assert isinstance(trigger, CronTrigger)
+        definition = _definition(trigger)
+        row = rows.pop(workflow.name, None)
+        if row is None:
+            nxt = next_occurrence(trigger.expression, trigger.timezone, now)
+            _safely(
+                _record,
+                None,
+                workflow.name,
+                settings.DEFAULT_TENANT,
+                ev.CRON_REGISTERED,
+                definition | {"next_fire_at": isoformat(nxt)},
+            )
+            continue
+        current = {k: getattr(row, k) for k in definition}
+        if current != definition or not row.registered:
+            payload = dict(definition)
+            timing = ("expression", "timezone")
+            if any(current[k] != definition[k] for k in timing) or not row.registered:
+                nxt = next_occurrence(trigger.expression, trigger.timezone, now)
+                payload["next_fire_at"] = isoformat(nxt)
+            _safely(_record, row, row.workflow, row.tenant_id, ev.CRON_CHANGED, payload)
+    for row in rows.values():
+        if row.registered:
+            logger.warning(
+                "cron schedule %s disabled: its workflow is not registered", row.workflow
+            )
+            _safely(
+                _record,
+                row,
+                row.workflow,
+                row.tenant_id,
+                ev.CRON_REMOVED,
+                {"reason": "workflow not registered", "next_fire_at": None},
+            )
+
+
+def _lock(workflow: str, version: int | None, *, skip_locked: bool) -> CronSchedule | None:
+    qs = CronSchedule.objects.filter(pk=workflow)
+    if version is not None:
+        qs = qs.filter(version=version)
+    features = connection.features
+    if features.has_select_for_update:
+        qs = qs.select_for_update(
+            skip_locked=skip_locked and features.has_select_for_update_skip_locked
+        )
+    return qs.first()
+
+
+def _active_run(workflow: str) -> bool:
+    return (
+        WorkflowRun.objects.filter(workflow=workflow, trigger_type="cron")
+        .exclude(status__in=FINISHED)
+        .exists()
+    )
+
+
+def _start(schedule: CronSchedule, occurrence: datetime, manual: bool = False) -> str:
+    from kumiflow_django.starting import start_run
+
+    workflow = registry.get(schedule.workflow)
+    when = isoformat(occurrence)
+    data = {"scheduled_for": when}
+    trigger = TriggerEvent(type="cron", payload=data, tenant_id=schedule.tenant_id)
+    since = Event.objects.aggregate(m=Max("position"))["m"] or 0
+    run = start_run(
+        workflow,
+        trigger=trigger,
+        tenant=schedule.tenant_id,
+        key=f"cron:{'manual:' if manual else ''}{when}",
+        since=since,
+        input_=data,
+    )
+    logger.info("cron %s: occurrence %s started run %s", schedule.workflow, when, run.id)
+    return str(run.id)
+
+
+def _choose(schedule: CronSchedule, now: datetime) -> tuple[list[datetime], int]:
+    """The due occurrences to fire now, and how many due ones are skipped."""
+    assert schedule.next_fire_at is not None
+    first = schedule.next_fire_at
+    due = [
+        first,
+        *itertools.takewhile(
+            lambda t: t <= now,
+            itertools.islice(
+                occurrences(schedule.expression, schedule.timezone, first), _COUNT_CAP
+            ),
+        ),
+    ]
+    grace = timedelta(seconds=settings.CRON_MISFIRE_GRACE)
+    late = [t for t in due if now - t > grace]
+    on_time = [t for t in due if now - t <= grace]
+    if schedule.misfire == "latest":
+        chosen = due[-1:]
+    elif schedule.misfire == "all":
+        chosen = late[-schedule.max_catch_up :] + on_time
+    else:
+        chosen = on_time
+    return chosen, len(due) - len(chosen)
+
+
+def fire_schedule(workflow: str, version: int | None = None) -> int:
+    """Fire the due occurrences of one schedule; return the number of runs started."""
+    now = clock.now()
+    with transaction.atomic():
+        schedule = _lock(workflow, version, skip_locked=True)
+        if schedule is None or not schedule.enabled or schedule.next_fire_at is None:
+            return 0
+        if schedule.next_fire_at > now:
+            return 0
+        current = registry.get(workflow) if registry.is_registered(workflow) else None
+        if current is None or not isinstance(current.trigger, CronTrigger):
+            logger.warning("cron schedule %s disabled: its workflow is not registered", workflow)
+            _safely(
+                _record,
+                schedule,
+                workflow,
+                schedule.tenant_id,
+                ev.CRON_REMOVED,
+                {"reason": "workflow not registered", "next_fire_at": None},
+            )
+            return 0
+        chosen, skipped = _choose(schedule, now)
+        run_ids: list[str] = []
+        fired: list[str] = []
+        for occurrence in chosen:
+            if schedule.overlap == "skip" and _active_run(workflow):
+                skipped += 1
+                continue
+            run_ids.append(_start(schedule, occurrence))
+            fired.append(isoformat(occurrence))
+        last = max(now, schedule.next_fire_at)
+        nxt = next_occurrence(schedule.expression, schedule.timezone, last)
+        if skipped:
+            logger.info(
+                "cron %s: %d occurrence(s) skipped (%s)", workflow, skipped, schedule.misfire
+            )
+        try:
+            with transaction.atomic():
+                _record(
+                    schedule,
+                    workflow,
+                    schedule.tenant_id,
+                    ev.CRON_FIRED if run_ids else ev.CRON_SKIPPED,
+                    {
+                        "scheduled_for": fired,
+                        "run_ids": run_ids,
+                        "skipped": skipped,
+                        "next_fire_at": isoformat(nxt),
+                    },
+                )
+        except (IntegrityError, Conflict):
+            transaction.set_rollback(True)  # another scheduler fired it: undo our starts
+            return 0
+    return len(run_ids)
+
+
+def fire_now(workflow: str) -> str:
+    """Start a run of a cron workflow now, outside its schedule; return the run id."""
+    if not registry.is_registered(workflow):
+        raise UnknownWorkflow(f"no workflow named {workflow!r} is registered")
+    now = clock.now().replace(microsecond=0)
+    with transaction.atomic():
+        schedule = _lock(workflow, None, skip_locked=False)
+        if schedule is None:
+            raise UnknownWorkflow(f"{workflow!r} has no cron schedule (run kumiflow_cron once)")
+        run_id = _start(schedule, now, manual=True)
+        _record(
+            schedule,
+            workflow,
+            schedule.tenant_id,
+            ev.CRON_FIRED,
+            {"scheduled_for": [isoformat(now)], "run_ids": [run_id], "manual": True},
+        )
+    return run_id
+
+
+def set_enabled(workflow: str, enabled: bool, *, reason: str = "") -> CronSchedule:
+    """Switch a schedule on or off. Switched on, it fires from the next occurrence
+    after now: occurrences missed while it was off are not caught up."""
+    with transaction.atomic():
+        schedule = _lock(workflow, None, skip_locked=False)
+        if schedule is None:
+            raise UnknownWorkflow(f"{workflow!r} has no cron schedule")
+        if schedule.enabled == enabled:
+            return schedule
+        if enabled:
+            nxt = next_occurrence(schedule.expression, schedule.timezone, clock.now())
+            payload = {"next_fire_at": isoformat(nxt)}
+            return _record(schedule, workflow, schedule.tenant_id, ev.CRON_ENABLED, payload)
+        payload = {"reason": reason or "disabled by an operator"}
+        return _record(schedule, workflow, schedule.tenant_id, ev.CRON_DISABLED, payload)

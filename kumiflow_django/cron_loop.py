@@ -1,0 +1,45 @@
+"""The cron loop: syncs the schedules with the registry, then fires due ones."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from kumiflow_django import clock
+from kumiflow_django.cron import fire_schedule, sync_schedules
+from kumiflow_django.loop import Loop
+from kumiflow_django.models.cron import CronSchedule
+
+logger = logging.getLogger("kumiflow_django.cron")
+
+
+class CronLoop(Loop):
+    name = "cron"
+    kinds = ("cron",)
+
+    def __init__(self, **kwargs: float) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._synced = False
+
+    def run_once(self) -> int:
+        if not self._synced:
+            sync_schedules()
+            self._synced = True
+        fired = 0
+        due = CronSchedule.objects.due(clock.now()).order_by("next_fire_at")
+        for workflow, version in due.values_list("workflow", "version")[: self.batch_size]:
+            if self.stopping:
+                break
+            try:
+                fired += fire_schedule(workflow, version)
+            except Exception:
+                logger.exception("cron %s: firing failed; it stays due", workflow)
+        return fired
+
+    def next_due(self) -> datetime | None:
+        return (
+            CronSchedule.objects.filter(enabled=True, next_fire_at__isnull=False)
+            .order_by("next_fire_at")
+            .values_list("next_fire_at", flat=True)
+            .first()
+        )

@@ -1,0 +1,84 @@
+"""The shop's workflows: the reference engine's three sample workflows.
+
+- ``user-onboarding``: welcome mail, wait a day, tips or a reminder depending
+  on engagement, wait a week, tell the CRM.
+- ``webhook-delivery``: one webhook per processed data event.
+- ``daily-report``: a webhook every morning at 09:00 UTC.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from kumiflow_django import define_workflow, on_cron, on_event
+from kumiflow_django import steps as s
+
+
+def _email(ctx):
+    return ctx.event.payload["email"]
+
+
+onboarding = define_workflow(
+    "user-onboarding",
+    trigger=on_event("user.signed-up"),
+    idempotency_key=lambda event: f"onboarding:{event.payload['user_id']}",
+    steps=[
+        s.mail_send(
+            to=_email,
+            subject="Welcome!",
+            body="Thanks for signing up — we'll check in soon.",
+        ),
+        s.wait("P1D"),
+        # The engagement flag, as in the reference sample. A real shop would
+        # read it: s.read.find_one("customer", "shop.Customer", ...).
+        s.compute("engaged", lambda ctx: ctx.event.payload["user_id"].startswith("active-")),
+        s.branch(
+            if_=lambda ctx: ctx.steps["engaged"],
+            then=[
+                s.mail_send(
+                    to=_email,
+                    subject="Engagement tips",
+                    body="You're off to a great start — try these next.",
+                )
+            ],
+            else_=[
+                s.mail_send(
+                    to=_email,
+                    subject="Getting started",
+                    body="Need a hand? Here's how to begin.",
+                )
+            ],
+        ),
+        s.wait("P7D"),
+        s.webhook_send(
+            url=lambda ctx: settings.SHOP_CRM_WEBHOOK_URL,
+            body=lambda ctx: {"userId": ctx.event.payload["user_id"], "stage": "day8"},
+            secret="crm",
+        ),
+        s.return_({"ok": True}),
+    ],
+)
+
+webhook_delivery = define_workflow(
+    "webhook-delivery",
+    trigger=on_event("data.processed"),
+    steps=[
+        s.webhook_send(
+            url=lambda ctx: ctx.event.payload["webhook_url"],
+            body=lambda ctx: ctx.event.payload["data"],
+        ),
+        s.return_({"ok": True}),
+    ],
+)
+
+daily_report = define_workflow(
+    "daily-report",
+    trigger=on_cron("0 9 * * *"),
+    steps=[
+        s.webhook_send(
+            url=lambda ctx: settings.SHOP_REPORT_WEBHOOK_URL,
+            body=lambda ctx: {"ts": ctx.event.payload["scheduled_for"]},
+        ),
+        s.return_({"ok": True}),
+    ],
+)
