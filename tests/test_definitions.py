@@ -142,7 +142,13 @@ def test_versions_of_one_workflow_coexist_and_the_last_one_is_current(registry):
 
 
 def test_full_cron_syntax_is_accepted(registry):
-    for expression in ("*/5 * * * *", "0 9 * * MON-FRI", "@daily", "0 0 1,15 * *", "*/10 * * * * *"):
+    for expression in (
+        "*/5 * * * *",
+        "0 9 * * MON-FRI",
+        "@daily",
+        "0 0 1,15 * *",
+        "*/10 * * * * *",
+    ):
         define_workflow(f"cron-{expression}", trigger=on_cron(expression), steps=[])
 
 

@@ -59,9 +59,7 @@ def test_a_constant_the_resolver_reads_is_part_of_it():
 
 
 def test_a_changed_filter_changes_it():
-    a = define_workflow(
-        "f", trigger=on_event("x", filter=lambda e: True), steps=[], register=False
-    )
+    a = define_workflow("f", trigger=on_event("x", filter=lambda e: True), steps=[], register=False)
     b = define_workflow(
         "f", trigger=on_event("x", filter=lambda e: False), steps=[], register=False
     )

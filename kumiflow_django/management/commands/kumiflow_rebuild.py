@@ -1,0 +1,19 @@
+"""``manage.py kumiflow_rebuild``: rebuild runs, outbox, schedules and projections from the log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from kumiflow_django.rebuild import rebuild_all
+
+
+class Command(BaseCommand):
+    help = "Rebuild every projection (runs, outbox, cron schedules, user projections) from the event log."
+
+    def handle(self, *args: Any, verbosity: int = 1, **options: Any) -> None:
+        counts = rebuild_all()
+        if verbosity:
+            for name, count in counts.items():
+                self.stdout.write(f"{name}: {count}")

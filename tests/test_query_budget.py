@@ -1,0 +1,43 @@
+"""Starting a straight-through workflow costs at most 4 round trips beyond the
+trigger event's own append."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from kumiflow_django import append_event, define_workflow, on_event
+from kumiflow_django import steps as s
+from kumiflow_django.models import RunStatus, WorkflowRun
+
+pytestmark = pytest.mark.django_db
+
+N = 1000
+
+
+def append_each(event_type: str) -> int:
+    """Append N events, one per transaction; return the queries they took."""
+    total = 0
+    for chunk in range(0, N, 100):  # Django keeps at most 9000 queries in its log
+        connection.queries_log.clear()
+        with CaptureQueriesContext(connection) as queries:
+            for i in range(chunk, chunk + 100):
+                with transaction.atomic():
+                    append_event(f"{event_type}-{i}", event_type, {"n": i})
+        total += len(queries)
+    return total
+
+
+def test_1000_five_step_workflows_take_at_most_4_round_trips_each(registry):
+    define_workflow(
+        "five-steps",
+        trigger=on_event("order.placed"),
+        steps=[s.compute(f"c{i}", lambda ctx: ctx.event.payload["n"] + 1) for i in range(5)],
+    )
+    baseline = append_each("order.ignored")
+    with_workflows = append_each("order.placed")
+
+    assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == N
+    per_workflow = (with_workflows - baseline) / N
+    assert per_workflow <= 4, f"{per_workflow} round trips per workflow"
