@@ -148,7 +148,7 @@ class DispatchLoop(Loop):
 
     def next_due(self) -> datetime | None:
         return (
-            Dispatch.objects.filter(next_attempt_at__isnull=False, status__in=DELIVERABLE)
+            Dispatch.objects.filter(next_attempt_at__isnull=False)
             .order_by("next_attempt_at")
             .values_list("next_attempt_at", flat=True)
             .first()

@@ -79,7 +79,12 @@ class Loop:
                     break
                 if handled >= self.batch_size:
                     continue  # more is due: no sleep
-                self._wake.wait(self.sleep_seconds())
+                try:
+                    pause = self.sleep_seconds()
+                except Exception:
+                    logger.exception("%s loop: finding the next due time failed", self.name)
+                    pause = self.max_interval
+                self._wake.wait(pause)
                 self._wake.clear()
         finally:
             wakeups.unsubscribe(self.notify)

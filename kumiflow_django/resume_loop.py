@@ -13,7 +13,7 @@ from datetime import datetime
 
 from kumiflow_django import clock
 from kumiflow_django.loop import Loop
-from kumiflow_django.models.run import SUSPENDED, WorkflowRun
+from kumiflow_django.models.run import WorkflowRun
 from kumiflow_django.resuming import resume_run
 
 logger = logging.getLogger("kumiflow_django.resume")
@@ -48,7 +48,7 @@ class ResumeLoop(Loop):
 
     def next_due(self) -> datetime | None:
         return (
-            WorkflowRun.objects.filter(wake_at__isnull=False, status__in=SUSPENDED)
+            WorkflowRun.objects.filter(wake_at__isnull=False)
             .order_by("wake_at")
             .values_list("wake_at", flat=True)
             .first()

@@ -18,6 +18,8 @@ from kumiflow_django import (
 )
 from kumiflow_django import steps as s
 from kumiflow_django.models import CronSchedule, Dispatch, WorkflowRun
+from kumiflow_django.models.dispatch import DELIVERABLE
+from kumiflow_django.models.run import SUSPENDED
 from kumiflow_django.projections import remove_projection
 from kumiflow_django.testing import run_until_idle
 from testproject.shop.models import Customer
@@ -121,6 +123,11 @@ def test_rebuild_gives_tables_identical_to_the_live_ones(registry, clock, mailou
     }
     assert {d["status"] for d in before[Dispatch]} == {"delivered", "dead"}
     assert len(before[CronSchedule]) == 1
+    # The due index relies on this: only suspended runs have a wake time.
+    assert not WorkflowRun.objects.exclude(status__in=SUSPENDED).exclude(wake_at=None).exists()
+    assert (
+        not Dispatch.objects.exclude(status__in=DELIVERABLE).exclude(next_attempt_at=None).exists()
+    )
 
     call_command("kumiflow_rebuild", verbosity=0)
 

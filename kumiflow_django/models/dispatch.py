@@ -23,7 +23,9 @@ DELIVERABLE = (DispatchStatus.PENDING, DispatchStatus.FAILED)
 
 class DispatchQuerySet(models.QuerySet["Dispatch", "Dispatch"]):
     def due(self, now: object) -> DispatchQuerySet:
-        return self.filter(next_attempt_at__lte=now, status__in=DELIVERABLE)
+        """Rows to deliver now, from the ``next_attempt_at`` index alone: only
+        deliverable rows have a next attempt. Callers re-check under lock."""
+        return self.filter(next_attempt_at__lte=now)
 
 
 class Dispatch(models.Model):

@@ -32,9 +32,14 @@ FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
     def due(self, now: object) -> WorkflowRunQuerySet:
-        """Runs whose wake time has come. Served by the ``wake_at`` index alone:
-        finished runs have no wake time, so their number does not matter."""
-        return self.filter(wake_at__lte=now, status__in=SUSPENDED)
+        """Runs whose wake time has come, read from the ``wake_at`` index alone.
+
+        Only suspended runs have a wake time (the projection clears it on every
+        other state), so no status filter is needed, and none is added: it
+        would tempt the planner into the status index. The number of finished
+        runs therefore does not matter. Callers re-check the status under lock.
+        """
+        return self.filter(wake_at__lte=now)
 
     def awaiting(self, tenant: str, event_type: str, keys: list[str]) -> WorkflowRunQuerySet:
         return self.filter(

@@ -1,0 +1,11 @@
+"""``manage.py kumiflow_cron``: a thin shell over :class:`kumiflow_django.cron_loop.CronLoop`."""
+
+from __future__ import annotations
+
+from kumiflow_django.cron_loop import CronLoop
+from kumiflow_django.management.loop_command import LoopCommand
+
+
+class Command(LoopCommand):
+    help = "Fire due cron schedules, each occurrence exactly once."
+    loop_class = CronLoop

@@ -1,0 +1,11 @@
+"""``manage.py kumiflow_dispatch``: a thin shell over :class:`kumiflow_django.dispatch_loop.DispatchLoop`."""
+
+from __future__ import annotations
+
+from kumiflow_django.dispatch_loop import DispatchLoop
+from kumiflow_django.management.loop_command import LoopCommand
+
+
+class Command(LoopCommand):
+    help = "Deliver the outbox: mails, webhooks and registered dispatch kinds."
+    loop_class = DispatchLoop

@@ -1,0 +1,127 @@
+"""The conventions every loop command shares: options, signals, logging.
+
+- ``--once``: one batch, then exit; ``--batch-size``; ``--max-interval``.
+- SIGINT/SIGTERM (and SIGQUIT): finish the item at hand and exit 0; a
+  second signal exits at once with status 1.
+- ``-v 0/1/2`` maps to WARNING/INFO/DEBUG on the ``kumiflow_django``
+  logger; a handler on stdout is added only if none is configured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import connection
+
+from kumiflow_django.conf import settings
+from kumiflow_django.loop import Loop, PgListener
+
+logger = logging.getLogger("kumiflow_django")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value}")
+    return value
+
+
+def configure_logging(verbosity: int, stream: Any) -> None:
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+    for handler in logger.handlers:
+        handler.setLevel(level)
+
+
+def install_signal_handlers(stop: Callable[[], None]) -> None:
+    received: list[int] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if received:
+            logger.warning("second signal: exiting now")
+            sys.exit(1)
+        received.append(signum)
+        logger.warning(
+            "received %s: finishing the work at hand, then exiting (signal again to force)",
+            signal.Signals(signum).name,
+        )
+        stop()
+
+    for name in ("SIGINT", "SIGTERM", "SIGQUIT"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), handle)
+
+
+class LoopCommand(BaseCommand):
+    """Base of ``kumiflow_resume``, ``kumiflow_dispatch`` and ``kumiflow_cron``."""
+
+    loop_class: type[Loop]
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="Handle one batch, then exit.")
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="Items per batch (default: KUMIFLOW_RESUME_BATCH_SIZE).",
+        )
+        parser.add_argument(
+            "--max-interval",
+            type=positive_float,
+            default=None,
+            help="Longest sleep between polls in seconds (default: KUMIFLOW_MAX_INTERVAL).",
+        )
+
+    def make_loop(self, batch_size: int, max_interval: float) -> Loop:
+        return self.loop_class(batch_size=batch_size, max_interval=max_interval)
+
+    def handle(
+        self,
+        *args: Any,
+        once: bool = False,
+        batch_size: int | None = None,
+        max_interval: float | None = None,
+        verbosity: int = 1,
+        **options: Any,
+    ) -> None:
+        configure_logging(verbosity, self.stdout)
+        loop = self.make_loop(
+            batch_size or settings.RESUME_BATCH_SIZE, max_interval or settings.MAX_INTERVAL
+        )
+        if once:
+            handled = loop.run_once()
+            logger.info("%s: %d handled", loop.name, handled)
+            return
+        install_signal_handlers(loop.stop)
+        listener = PgListener() if connection.vendor == "postgresql" else None
+        if listener is not None:
+            listener.start()
+        try:
+            loop.run_forever()
+        finally:
+            if listener is not None:
+                listener.stop()
