@@ -23,3 +23,13 @@ class Order(models.Model):
 
     def __str__(self) -> str:
         return f"order {self.pk}"
+
+
+class Tally(models.Model):
+    """Counts how often a side effect ran: the durability tests expect 1 each."""
+
+    key = models.CharField(max_length=100, unique=True)
+    count = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.count}"

@@ -82,3 +82,34 @@ daily_report = define_workflow(
         s.return_({"ok": True}),
     ],
 )
+
+
+@s.handler("shop.count")
+def count(payload):
+    """A side effect in the database: add one to a tally (slowly, if asked)."""
+    import time
+
+    from django.db.models import F
+
+    from testproject.shop.models import Tally
+
+    time.sleep(payload.get("sleep", 0))
+    tally, _ = Tally.objects.get_or_create(key=payload["key"])
+    Tally.objects.filter(pk=tally.pk).update(count=F("count") + 1)
+    return payload["key"]
+
+
+# Used by the durability tests: recorded by the appender, run by workers.
+tally = define_workflow(
+    "tally",
+    trigger=on_event("tally.requested"),
+    start_mode="deferred",
+    steps=[
+        s.call(
+            "counted",
+            "shop.count",
+            lambda ctx: {"key": str(ctx.run.id), "sleep": ctx.event.payload.get("sleep", 0)},
+        ),
+        s.return_(lambda ctx: ctx.steps["counted"]),
+    ],
+)

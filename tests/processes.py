@@ -1,0 +1,72 @@
+"""Running the project's commands in child processes against the test database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import quote
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """The URL of the database the tests run on (the test database, not the main one)."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    auth = quote(s["USER"] or "")
+    if s.get("PASSWORD"):
+        auth += ":" + quote(s["PASSWORD"])
+    return f"{scheme}://{auth}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``manage.py <args>``; its output goes to a file (a pipe could fill up)."""
+    environment = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
+    log = tempfile.NamedTemporaryFile(prefix="kumiflow-proc-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=environment,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    proc.log_path = log.name  # type: ignore[attr-defined]
+    return proc
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30) -> list[int]:
+    """SIGTERM each process and return the exit codes."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(-9)
+    return codes
+
+
+def output(proc: subprocess.Popen[bytes]) -> str:
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
