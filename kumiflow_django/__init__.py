@@ -18,6 +18,10 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "InvalidDispatchState": "kumiflow_django.exceptions",
+    "DispatchNotFound": "kumiflow_django.exceptions",
+    "cancel_dispatch": "kumiflow_django.outbox",
+    "redeliver": "kumiflow_django.outbox",
     # workflows
     "define_workflow": "kumiflow_django.definition",
     "on_event": "kumiflow_django.definition",
@@ -53,6 +57,10 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "__version__",
+    "InvalidDispatchState",
+    "DispatchNotFound",
+    "cancel_dispatch",
+    "redeliver",
     "define_workflow",
     "on_event",
     "on_cron",
@@ -105,11 +113,6 @@ if TYPE_CHECKING:  # pragma: no cover
         on_cron,
         on_event,
     )
-    from kumiflow_django.outbox import register_dispatch_kind
-    from kumiflow_django.projections import define_projection
-    from kumiflow_django.starting import start_workflow
-    from kumiflow_django.steps.base import StepKind, register_step_kind
-    from kumiflow_django.steps.call import handler
     from kumiflow_django.eventstore import (
         NewEvent,
         append_event,
@@ -120,7 +123,9 @@ if TYPE_CHECKING:  # pragma: no cover
         stream_version,
     )
     from kumiflow_django.exceptions import (
+        DispatchNotFound,
         ImmutableEvent,
+        InvalidDispatchState,
         InvalidEvent,
         InvalidRunState,
         KumiflowError,
@@ -130,4 +135,9 @@ if TYPE_CHECKING:  # pragma: no cover
         VersionConflict,
         WorkflowDefinitionError,
     )
+    from kumiflow_django.outbox import cancel_dispatch, redeliver, register_dispatch_kind
+    from kumiflow_django.projections import define_projection
     from kumiflow_django.signals import event_appended
+    from kumiflow_django.starting import start_workflow
+    from kumiflow_django.steps.base import StepKind, register_step_kind
+    from kumiflow_django.steps.call import handler

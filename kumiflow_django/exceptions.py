@@ -52,3 +52,11 @@ class RunNotFound(KumiflowError, LookupError):
 
 class InvalidRunState(KumiflowError):
     """The operation does not apply to a run in its current state."""
+
+
+class DispatchNotFound(KumiflowError, LookupError):
+    """No dispatch with that id exists."""
+
+
+class InvalidDispatchState(KumiflowError):
+    """The operation does not apply to a dispatch in its current state."""

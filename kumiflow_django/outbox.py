@@ -24,7 +24,7 @@ from kumiflow_django.context import Context, Suspend, path_text
 from kumiflow_django.durations import parse_instant
 from kumiflow_django.exceptions import InvalidEvent
 from kumiflow_django.jsonvalues import to_json
-from kumiflow_django.models.dispatch import Dispatch, DispatchStatus
+from kumiflow_django.models.dispatch import DELIVERABLE, Dispatch, DispatchStatus
 from kumiflow_django.models.event import Event
 
 #: The awaited "event type" of a step that waits for its delivery: either outcome.
@@ -278,3 +278,75 @@ def _builtin_kinds() -> None:
 
 
 _builtin_kinds()
+
+
+def _locked(dispatch_id: uuid.UUID | str) -> Dispatch:
+    from django.db import connection
+
+    from kumiflow_django.exceptions import DispatchNotFound
+
+    qs = Dispatch.objects.filter(pk=dispatch_id)
+    if connection.features.has_select_for_update:
+        qs = qs.select_for_update()
+    dispatch = qs.first()
+    if dispatch is None:
+        raise DispatchNotFound(f"no dispatch {dispatch_id}")
+    return dispatch
+
+
+def redeliver(dispatch_id: uuid.UUID | str) -> Dispatch:
+    """Deliver a dead (or cancelled) dispatch again, with a fresh retry budget
+    and the same idempotency key."""
+    from django.db import transaction
+
+    from kumiflow_django.exceptions import InvalidDispatchState
+
+    with transaction.atomic():
+        dispatch = _locked(dispatch_id)
+        if dispatch.status not in (DispatchStatus.DEAD, DispatchStatus.CANCELLED):
+            raise InvalidDispatchState(
+                f"dispatch {dispatch.id} is {dispatch.status}; only dead or cancelled ones "
+                "are redelivered"
+            )
+        updated = record(dispatch, ev.DISPATCH_REDELIVERY, {})
+    from kumiflow_django import wakeups
+
+    wakeups.work_committed("dispatch")
+    return updated
+
+
+def cancel_dispatch(dispatch_id: uuid.UUID | str, *, reason: str = "") -> Dispatch:
+    """Stop a dispatch that has not been delivered yet."""
+    from django.db import transaction
+
+    from kumiflow_django.exceptions import InvalidDispatchState
+
+    with transaction.atomic():
+        dispatch = _locked(dispatch_id)
+        if dispatch.status not in DELIVERABLE:
+            raise InvalidDispatchState(
+                f"dispatch {dispatch.id} is {dispatch.status}; only pending or failed ones "
+                "are cancelled"
+            )
+        return record(dispatch, ev.DISPATCH_CANCELLED, {"reason": reason or "cancelled"})
+
+
+def prune(older_than: Any, *, dry_run: bool = False) -> int:
+    """Delete delivered and cancelled dispatches last changed before ``older_than``,
+    with their streams (their requests may hold personal data). Returns the count."""
+    from django.db import transaction
+
+    from kumiflow_django.eventstore import erase_stream
+
+    qs = Dispatch.objects.filter(
+        status__in=(DispatchStatus.DELIVERED, DispatchStatus.CANCELLED), updated_at__lt=older_than
+    )
+    if dry_run:
+        return qs.count()
+    count = 0
+    for dispatch_id, tenant in qs.values_list("id", "tenant_id").iterator(chunk_size=500):
+        with transaction.atomic():
+            erase_stream(str(dispatch_id), tenant=tenant)
+            Dispatch.objects.filter(pk=dispatch_id).delete()
+        count += 1
+    return count

@@ -45,7 +45,6 @@ def session() -> requests.Session:
     s = getattr(_local, "session", None)
     if s is None:
         s = requests.Session()
-        s.max_redirects = 0
         _local.session = s
     return s
 

@@ -112,3 +112,7 @@ SHOP_REPORT_WEBHOOK_URL = env.str(
     "SHOP_REPORT_WEBHOOK_URL", default="https://hooks.example.com/daily-report"
 )
 KUMIFLOW_WEBHOOK_SECRETS = {"crm": env.str("SHOP_CRM_SECRET", default="testproject-crm-secret")}
+KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS = env.list(
+    "KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS", default=[]
+)
+KUMIFLOW_LEASE_SECONDS = env.float("KUMIFLOW_LEASE_SECONDS", default=300.0)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from django.core.management import call_command
 from django.db import models
@@ -22,7 +20,6 @@ from kumiflow_django.models.dispatch import DELIVERABLE
 from kumiflow_django.models.run import SUSPENDED
 from kumiflow_django.projections import remove_projection
 from kumiflow_django.testing import run_until_idle
-from testproject.shop.models import Customer
 
 pytestmark = pytest.mark.django_db
 

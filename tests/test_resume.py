@@ -9,9 +9,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from kumiflow_django import append_event, define_workflow, erase_stream, on_event, start_workflow
+from kumiflow_django import append_event, define_workflow, erase_stream, on_event
 from kumiflow_django import steps as s
-from kumiflow_django.models import Dispatch, Event, RunStatus, WorkflowRun
+from kumiflow_django.models import Event, RunStatus, WorkflowRun
 from kumiflow_django.resume_loop import ResumeLoop, due_runs
 from kumiflow_django.resuming import resume_run
 from kumiflow_django.testing import run_until_idle

@@ -105,7 +105,7 @@ def test_a_second_start_with_the_same_key_returns_the_first_run_and_runs_nothing
         "once",
         trigger=on_event("order.placed"),
         idempotency_key=lambda e: f"order:{e.payload['order']}",
-        steps=[s.compute("n", lambda ctx: calls.append(1) or len(calls))],
+        steps=[s.compute("n", lambda ctx: calls.append(1) or len(calls))],  # type: ignore[func-returns-value]
     )
     append_event("order-1", "order.placed", {"order": 1})
     append_event("order-1b", "order.placed", {"order": 1})

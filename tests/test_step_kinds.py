@@ -8,7 +8,6 @@ import pytest
 
 from kumiflow_django import (
     StepKind,
-    append_event,
     define_workflow,
     on_event,
     register_step_kind,
@@ -64,7 +63,8 @@ def test_for_each_runs_items_in_order_with_the_item_in_scope(registry):
                 "item",
                 do=[
                     s.compute(
-                        "last", lambda ctx: seen.append(ctx.scope["item"]) or ctx.scope["item"]
+                        "last",
+                        lambda ctx: seen.append(ctx.scope["item"]) or ctx.scope["item"],  # type: ignore[func-returns-value]
                     )
                 ],
             ),
@@ -148,7 +148,7 @@ def test_model_create_update_with_optimistic_lock_upsert_delete(registry):
 
 
 def test_model_update_with_a_stale_version_fails_and_changes_nothing(registry):
-    customer = CustomerFactory(user_id="stale", version=3)
+    customer = CustomerFactory.create(user_id="stale", version=3)
     r = run(
         [
             s.model.update(

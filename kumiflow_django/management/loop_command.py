@@ -50,9 +50,11 @@ def configure_logging(verbosity: int, stream: Any) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logger.setLevel(level)
     if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler(stream)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        logger.addHandler(handler)
+        stream_handler = logging.StreamHandler(stream)
+        stream_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+        )
+        logger.addHandler(stream_handler)
     for handler in logger.handlers:
         handler.setLevel(level)
 

@@ -1,4 +1,4 @@
-"""``manage.py kumiflow_cron``: a thin shell over :class:`kumiflow_django.cron_loop.CronLoop`."""
+"""``manage.py kumiflow_cron``: a thin shell over the cron loop class."""
 
 from __future__ import annotations
 

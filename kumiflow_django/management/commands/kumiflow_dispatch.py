@@ -1,4 +1,4 @@
-"""``manage.py kumiflow_dispatch``: a thin shell over :class:`kumiflow_django.dispatch_loop.DispatchLoop`."""
+"""``manage.py kumiflow_dispatch``: a thin shell over the dispatch loop class."""
 
 from __future__ import annotations
 

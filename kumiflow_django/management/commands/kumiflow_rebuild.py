@@ -10,7 +10,7 @@ from kumiflow_django.rebuild import rebuild_all
 
 
 class Command(BaseCommand):
-    help = "Rebuild every projection (runs, outbox, cron schedules, user projections) from the event log."
+    help = "Rebuild the runs, the outbox, the cron schedules and user projections from the log."
 
     def handle(self, *args: Any, verbosity: int = 1, **options: Any) -> None:
         counts = rebuild_all()

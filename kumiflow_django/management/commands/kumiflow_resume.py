@@ -1,9 +1,9 @@
-"""``manage.py kumiflow_resume``: a thin shell over :class:`kumiflow_django.resume_loop.ResumeLoop`."""
+"""``manage.py kumiflow_resume``: a thin shell over the resume loop class."""
 
 from __future__ import annotations
 
-from kumiflow_django.resume_loop import ResumeLoop
 from kumiflow_django.management.loop_command import LoopCommand
+from kumiflow_django.resume_loop import ResumeLoop
 
 
 class Command(LoopCommand):
