@@ -113,3 +113,11 @@ tally = define_workflow(
         s.return_(lambda ctx: ctx.steps["counted"]),
     ],
 )
+
+if settings.SHOP_CRON_EVERY_SECOND:
+    # Only for the two-scheduler test: a schedule with an occurrence every second.
+    every_second = define_workflow(
+        "every-second",
+        trigger=on_cron("* * * * * *", misfire="all", max_catch_up=1000),
+        steps=[s.return_(lambda ctx: ctx.event.payload["scheduled_for"])],
+    )
