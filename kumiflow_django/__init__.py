@@ -18,6 +18,9 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "wake_run": "kumiflow_django.operations",
+    "retry_run": "kumiflow_django.operations",
+    "cancel_run": "kumiflow_django.operations",
     "InvalidDispatchState": "kumiflow_django.exceptions",
     "DispatchNotFound": "kumiflow_django.exceptions",
     "cancel_dispatch": "kumiflow_django.outbox",
@@ -57,6 +60,9 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "__version__",
+    "wake_run",
+    "retry_run",
+    "cancel_run",
     "InvalidDispatchState",
     "DispatchNotFound",
     "cancel_dispatch",
@@ -135,6 +141,7 @@ if TYPE_CHECKING:  # pragma: no cover
         VersionConflict,
         WorkflowDefinitionError,
     )
+    from kumiflow_django.operations import cancel_run, retry_run, wake_run
     from kumiflow_django.outbox import cancel_dispatch, redeliver, register_dispatch_kind
     from kumiflow_django.projections import define_projection
     from kumiflow_django.signals import event_appended

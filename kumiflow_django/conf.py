@@ -28,8 +28,10 @@ class KumiflowSettings:
     RESUME_BATCH_SIZE: int = 100
     #: Longest sleep of a loop between two polls, in seconds.
     MAX_INTERVAL: float = 5.0
-    #: Seconds a claimed segment may run before another worker may take it over.
-    LEASE_SECONDS: float = 300.0
+    #: Seconds a worker may hold a run's segment (and a dispatch's delivery) before
+    #: another worker takes it over; also the database's idle-in-transaction limit
+    #: of worker connections on PostgreSQL and MariaDB.
+    LEASE_SECONDS: float = 60.0
     #: Default retry policy of outbox deliveries.
     DISPATCH_RETRY: Mapping[str, Any] = MappingProxyType(
         {"attempts": 8, "backoff": "exponential", "base": 10.0, "max_delay": 3600.0, "jitter": 0.1}

@@ -117,3 +117,18 @@ class PgListener(threading.Thread):
             except Exception:
                 logger.warning("LISTEN connection lost; retrying", exc_info=True)
                 self._stopping.wait(2.0)
+
+
+def limit_idle_transactions(seconds: float) -> None:
+    """Make the database end a worker's transaction that sits idle longer than
+    the lease (a hung step): its locks are freed and another worker goes on."""
+    from django.db.backends.signals import connection_created
+
+    def configure(sender: Any, connection: Any, **kwargs: Any) -> None:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}")
+            elif connection.vendor == "mysql" and connection.mysql_is_mariadb:
+                cursor.execute(f"SET SESSION idle_transaction_timeout = {max(1, int(seconds))}")
+
+    connection_created.connect(configure, dispatch_uid="kumiflow-idle-transactions", weak=False)

@@ -58,8 +58,12 @@ def resume_run(
     wake: Wake | None = None,
     skip_locked: bool = False,
     expected_version: int | None = None,
+    recovered: dict[str, Any] | None = None,
 ) -> WorkflowRun | None:
     """Continue a suspended run that is due (or that ``wake.event`` satisfies).
+
+    ``recovered`` names the worker whose lease on the run expired: the
+    takeover is recorded on ``step.resumed``.
 
     Returns the run after its segment, or None when there was nothing to do:
     not due, already resumed by someone else, locked by another worker.
@@ -75,7 +79,7 @@ def resume_run(
                 return None
         elif run.wake_at is None or run.wake_at > clock.now():
             return None
-        return continue_run(run, wake)
+        return continue_run(run, wake, recovered=recovered)
 
 
 def satisfies(run: WorkflowRun, event: Event) -> bool:
@@ -147,8 +151,11 @@ def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
     return Wake("event", found) if found is not None else Wake("timeout")
 
 
-def continue_run(run: WorkflowRun, wake: Wake | None) -> WorkflowRun | None:
+def continue_run(
+    run: WorkflowRun, wake: Wake | None, *, recovered: dict[str, Any] | None = None
+) -> WorkflowRun | None:
     """Run the next segment of a locked, suspended run."""
+    run.lease_owner, run.lease_until = "", None  # cleared when the segment commits
     workflow = _definition(run)
     if isinstance(workflow, Failure):
         return _fail(run, workflow, resumed=False)
@@ -167,6 +174,8 @@ def continue_run(run: WorkflowRun, wake: Wake | None) -> WorkflowRun | None:
     except Failure as failure:
         return _fail(run, failure)
     resumed: dict[str, Any] = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
+    if recovered:
+        resumed["recovered"] = recovered
     if actual.event is not None:
         resumed["event"] = {
             "position": actual.event.position,

@@ -124,6 +124,27 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.reason = "cancelled"
         run.last_error = p.get("reason", "")
         run.finished_at = event.created_at
+    elif event.type == ev.RUN_RETRIED:
+        restore = p["restore"]
+        _clear_wait(run)
+        run.status = restore["status"]
+        run.cursor = restore["cursor"]
+        run.state = restore["state"]
+        run.attempt = restore.get("attempt", 1)
+        awaited = restore.get("awaited")
+        if awaited:
+            run.awaited_event_type = awaited["event_type"]
+            run.awaited_match = awaited["match"]
+            run.correlation_key = awaited["correlation_key"]
+            run.awaited_after = awaited["after"]
+        run.matched_position = restore.get("matched_position")
+        if "fingerprint" in p:
+            run.fingerprint = p["fingerprint"]
+            run.workflow_version = p.get("version") or ""
+        run.reason = ""
+        run.last_error = ""
+        run.finished_at = None
+        run.wake_at = event.created_at
     elif event.type == ev.RUN_RECOVERED:
         run.recoveries += 1
     return run

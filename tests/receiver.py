@@ -68,7 +68,7 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(b"ok")
 
-            do_POST = do_PUT = do_GET = do_PATCH = do_DELETE = _handle
+            do_POST = do_PUT = do_GET = do_PATCH = do_DELETE = _handle  # noqa: N815
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

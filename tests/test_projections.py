@@ -111,6 +111,12 @@ def test_rebuild_gives_tables_identical_to_the_live_ones(registry, clock, mailou
     clock.advance(days=1, hours=1)
     run_until_idle()
     append_event("pay-3", "order.paid", {"n": 3})
+    waiting = WorkflowRun.objects.filter(status="waiting_event").order_by("started_at")
+    cancel_run(waiting[0].id, reason="operator")
+    retry_run(WorkflowRun.objects.get(workflow="broken").id)
+    run_until_idle()
+    append_event("order-9", "order.placed", {"n": 9})
+    wake_run(WorkflowRun.objects.filter(status="waiting_event").latest("started_at").id)
 
     before = {m: snapshot(m) for m in (WorkflowRun, Dispatch, CronSchedule)}
     assert {r["status"] for r in before[WorkflowRun]} >= {

@@ -107,7 +107,7 @@ def test_a_lost_claim_is_a_silent_skip_and_a_stale_row_never_resumes_twice_B25(r
     append_event("g", "go")
     clock.advance(minutes=1)
     stale = due_runs(clock.now(), 10)
-    [(run_id, version)] = stale
+    [(run_id, version, _, _)] = stale
 
     assert resume_run(run_id, expected_version=version) is not None
     events = Event.objects.count()

@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
 from kumiflow_django.conf import settings
-from kumiflow_django.loop import Loop, PgListener
+from kumiflow_django.loop import Loop, PgListener, limit_idle_transactions
 
 logger = logging.getLogger("kumiflow_django")
 
@@ -118,6 +118,7 @@ class LoopCommand(BaseCommand):
             handled = loop.run_once()
             logger.info("%s: %d handled", loop.name, handled)
             return
+        limit_idle_transactions(settings.LEASE_SECONDS)
         install_signal_handlers(loop.stop)
         listener = PgListener() if connection.vendor == "postgresql" else None
         if listener is not None:

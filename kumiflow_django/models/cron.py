@@ -38,6 +38,7 @@ class CronSchedule(models.Model):
     class Meta:
         verbose_name = _("cron schedule")
         verbose_name_plural = _("cron schedules")
+        permissions = [("operate_cronschedule", "Can enable, disable and fire cron schedules")]
         indexes = [
             models.Index(fields=["next_fire_at"], name="kumiflow_cron_due_idx"),
         ]

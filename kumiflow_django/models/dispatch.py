@@ -51,6 +51,10 @@ class Dispatch(models.Model):
     class Meta:
         verbose_name = _("dispatch")
         verbose_name_plural = _("outbox")
+        permissions = [
+            ("redeliver_dispatch", "Can redeliver dead dispatches"),
+            ("cancel_dispatch", "Can cancel pending dispatches"),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(status__in=[c.value for c in DispatchStatus]),

@@ -84,6 +84,10 @@ class WorkflowRun(models.Model):
     )
     version = models.PositiveIntegerField(_("stream version"))
     recoveries = models.PositiveIntegerField(_("stalled recoveries"), default=0)
+    # Operational, not projected from the log: which worker is running the
+    # run's next segment, until when. Cleared when the segment commits.
+    lease_owner = models.CharField(_("leased by"), max_length=100, blank=True)
+    lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"))
     updated_at = models.DateTimeField(_("updated at"))
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
@@ -93,6 +97,11 @@ class WorkflowRun(models.Model):
     class Meta:
         verbose_name = _("workflow run")
         verbose_name_plural = _("workflow runs")
+        permissions = [
+            ("cancel_workflowrun", "Can cancel workflow runs"),
+            ("retry_workflowrun", "Can retry failed workflow runs"),
+            ("wake_workflowrun", "Can wake waiting workflow runs"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant_id", "workflow", "idempotency_key"],
@@ -107,8 +116,10 @@ class WorkflowRun(models.Model):
             # "Due now": finished runs have no wake time, so they are not in
             # the index range the resume loop reads.
             models.Index(fields=["wake_at"], name="kumiflow_run_due_idx"),
+            # Runs waiting for an event like this one (and the admin's search
+            # by correlation value, hence the key first).
             models.Index(
-                fields=["tenant_id", "awaited_event_type", "correlation_key"],
+                fields=["correlation_key", "awaited_event_type", "tenant_id"],
                 name="kumiflow_run_awaiting_idx",
             ),
             models.Index(fields=["-started_at"], name="kumiflow_run_started_idx"),
