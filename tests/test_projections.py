@@ -8,11 +8,14 @@ from django.db import models
 
 from kumiflow_django import (
     append_event,
+    cancel_run,
     define_projection,
     define_workflow,
     on_cron,
     on_event,
+    retry_run,
     start_workflow,
+    wake_run,
 )
 from kumiflow_django import steps as s
 from kumiflow_django.models import CronSchedule, Dispatch, WorkflowRun
