@@ -127,7 +127,7 @@ def test_rebuild_gives_tables_identical_to_the_live_ones(registry, clock, mailou
         "failed",
         "waiting_event",
     }
-    assert {d["status"] for d in before[Dispatch]} == {"delivered", "dead"}
+    assert {d["status"] for d in before[Dispatch]} >= {"delivered", "dead"}
     assert len(before[CronSchedule]) == 1
     # The due index relies on this: only suspended runs have a wake time.
     assert not WorkflowRun.objects.exclude(status__in=SUSPENDED).exclude(wake_at=None).exists()
