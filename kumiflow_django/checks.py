@@ -97,6 +97,9 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                     obj=f"{PREFIX}{name}",
                 )
             )
+    alias = settings.TASKS_BACKEND
+    if isinstance(alias, str) and alias:
+        errors.extend(_check_tasks_backend(alias))
     known = set(KumiflowSettings.names())
     for attr in dir(django_settings):
         if attr.startswith(PREFIX) and attr[len(PREFIX) :] not in known:
@@ -109,3 +112,34 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 )
             )
     return errors
+
+
+def _check_tasks_backend(alias: str) -> list[checks.CheckMessage]:
+    try:
+        from django.tasks import task_backends
+    except ImportError:
+        return [
+            checks.Error(
+                "KUMIFLOW_TASKS_BACKEND needs django.tasks (Django 6.0 or later).",
+                id="kumiflow.E014",
+                obj="KUMIFLOW_TASKS_BACKEND",
+            )
+        ]
+    if alias not in getattr(django_settings, "TASKS", {}):
+        return [
+            checks.Error(
+                f"KUMIFLOW_TASKS_BACKEND is {alias!r}, which is not an alias of TASKS.",
+                id="kumiflow.E015",
+                obj="KUMIFLOW_TASKS_BACKEND",
+            )
+        ]
+    if not task_backends[alias].supports_defer:
+        return [
+            checks.Error(
+                f"The TASKS backend {alias!r} cannot run tasks later (supports_defer is False).",
+                hint="Use a backend with deferred tasks, such as django-tasks-db.",
+                id="kumiflow.E016",
+                obj="KUMIFLOW_TASKS_BACKEND",
+            )
+        ]
+    return []

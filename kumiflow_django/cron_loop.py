@@ -17,8 +17,8 @@ class CronLoop(Loop):
     name = "cron"
     kinds = ("cron",)
 
-    def __init__(self, **kwargs: float) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, batch_size: int = 100, max_interval: float = 5.0) -> None:
+        super().__init__(batch_size=batch_size, max_interval=max_interval)
         self._synced = False
 
     def run_once(self) -> int:

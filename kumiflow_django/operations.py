@@ -81,7 +81,7 @@ def wake_run(run_id: uuid.UUID | str, *, tenant: str | None = None) -> WorkflowR
         if run.status not in WAKEABLE:
             raise InvalidRunState(f"run {run.id} is {run.status}: only waiting runs are woken")
         updated = _append(run, ev.RUN_WOKEN, {})
-        wakeups.work_committed("resume")
+        wakeups.work_committed("resume", updated.wake_at, updated.id)
     return updated
 
 
@@ -145,6 +145,6 @@ def retry_run(
             payload["fingerprint"] = current.fingerprint
             payload["version"] = current.version
         updated = _append(run, ev.RUN_RETRIED, payload)
-        wakeups.work_committed("resume")
+        wakeups.work_committed("resume", updated.wake_at, updated.id)
     logger.info("run %s retried from %s", run.id, payload["restore"]["cursor"])
     return updated

@@ -20,7 +20,6 @@ import secrets
 import socket
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
 
 from kumiflow_django import clock
 from kumiflow_django.conf import settings
@@ -53,8 +52,10 @@ class ResumeLoop(Loop):
     name = "resume"
     kinds = ("resume",)
 
-    def __init__(self, *, worker_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self, *, worker_id: str | None = None, batch_size: int = 100, max_interval: float = 5.0
+    ) -> None:
+        super().__init__(batch_size=batch_size, max_interval=max_interval)
         self.worker_id = worker_id or default_worker_id()
 
     def _claim(self, run_id: uuid.UUID, version: int, seen_owner: str, now: datetime) -> bool:

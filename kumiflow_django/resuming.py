@@ -275,7 +275,7 @@ def mark_matched(run_id: uuid.UUID, event: Event) -> None:
             return
     from kumiflow_django import wakeups
 
-    wakeups.work_committed("resume", event.created_at)
+    wakeups.work_committed("resume", event.created_at, run_id)
 
 
 def writers_serialized() -> bool:

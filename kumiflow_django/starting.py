@@ -193,4 +193,4 @@ def after_segment(run: WorkflowRun) -> None:
 
         resuming.recheck_after_commit(run)
     if run.wake_at is not None:
-        wakeups.work_committed("resume", run.wake_at)
+        wakeups.work_committed("resume", run.wake_at, run.id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -38,8 +39,16 @@ def unsubscribe(listener: Listener) -> None:
             _listeners.remove(listener)
 
 
-def work_committed(kind: str, when: datetime | None = None) -> None:
-    """Announce, after the current transaction commits, work of ``kind`` due at ``when``."""
+def work_committed(
+    kind: str, when: datetime | None = None, run_id: uuid.UUID | None = None
+) -> None:
+    """Announce, after the current transaction commits, work of ``kind`` due at
+    ``when`` (and enqueue the run's wake-up task when tasks are configured)."""
+    alias = settings.TASKS_BACKEND
+    if alias and run_id is not None and kind == "resume":
+        from kumiflow_django import tasks
+
+        transaction.on_commit(lambda: tasks.enqueue(alias, run_id, when))
     if when is not None and when > clock.now() + timedelta(seconds=settings.MAX_INTERVAL):
         return  # far away: the loops will find it by polling
     transaction.on_commit(lambda: announce(kind))

@@ -1,0 +1,157 @@
+"""Pieces every kumiflow admin page shares: read-only, fast lists, filters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import ngettext
+
+from kumiflow_django.conf import settings
+
+COLOURS = {
+    "pending": "#6b7280",
+    "running": "#2563eb",
+    "waiting": "#0891b2",
+    "waiting_event": "#7c3aed",
+    "retry_scheduled": "#d97706",
+    "completed": "#16a34a",
+    "delivered": "#16a34a",
+    "failed": "#dc2626",
+    "dead": "#dc2626",
+    "cancelled": "#4b5563",
+}
+
+
+def badge(status: str, label: str) -> SafeString:
+    return format_html(
+        '<span class="kf-badge" style="background:{};color:#fff;padding:1px 7px;'
+        'border-radius:9px;font-size:11px;white-space:nowrap">{}</span>',
+        COLOURS.get(status, "#6b7280"),
+        label,
+    )
+
+
+def pretty(value: Any) -> SafeString:
+    """JSON as an escaped, capped ``<pre>`` block."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    cap = settings.ADMIN_PAYLOAD_CHARS
+    if len(text) > cap:
+        text = text[:cap] + f"\n… ({len(text) - cap} more characters)"
+    return format_html('<pre class="kf-json">{}</pre>', text)
+
+
+class CappedPaginator(Paginator):
+    """Counts at most CAP rows: a full COUNT(*) over a million runs is slow."""
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        rows: Any = self.object_list
+        return int(rows[: self.CAP + 1].count())
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    paginator = CappedPaginator
+    show_full_result_count = False
+    list_per_page = 50
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in self.model._meta.concrete_fields] + list(self.readonly_fields)
+
+    def user_can(self, request: HttpRequest, codename: str) -> bool:
+        return bool(request.user.has_perm(f"{self.model._meta.app_label}.{codename}"))
+
+    def report(
+        self,
+        request: HttpRequest,
+        verb: str,
+        done: int,
+        skipped: list[str],
+    ) -> None:
+        """One message for what an action did, one listing what it skipped and why."""
+        noun = self.model._meta
+        if done:
+            self.message_user(
+                request,
+                ngettext("%(n)d %(name)s %(verb)s.", "%(n)d %(names)s %(verb)s.", done)
+                % {
+                    "n": done,
+                    "name": noun.verbose_name,
+                    "names": noun.verbose_name_plural,
+                    "verb": verb,
+                },
+                messages.SUCCESS,
+            )
+        if skipped:
+            self.message_user(
+                request,
+                f"Skipped {len(skipped)}: " + "; ".join(skipped[:20]),
+                messages.WARNING,
+            )
+
+
+def apply_each(
+    queryset: QuerySet[Any], operation: Callable[[Any], Any], errors: tuple[type[Exception], ...]
+) -> tuple[int, list[str]]:
+    done, skipped = 0, []
+    for obj in queryset:
+        try:
+            operation(obj)
+        except errors as exc:
+            skipped.append(f"{obj.pk}: {exc}")
+        else:
+            done += 1
+    return done, skipped
+
+
+class InputFilter(admin.SimpleListFilter):
+    """A filter with a text box: its choices would need a query over the whole table."""
+
+    template = "kumiflow/input_filter.html"
+    field: str = ""
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, str]]:
+        return [("", "")]  # the filter must have a choice to be shown
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value:
+            return queryset.filter(**{self.field: value.strip()})
+        return queryset
+
+    def choices(self, changelist: Any) -> Iterator[Any]:
+        query = {
+            k: v for k, v in changelist.get_filters_params().items() if k != self.parameter_name
+        }
+        yield {
+            "parameter_name": self.parameter_name,
+            "value": self.value() or "",
+            "others": query,
+            "clear_url": changelist.get_query_string(remove=[self.parameter_name]),
+        }
+
+
+def model_link(obj: Model, text: str) -> SafeString:
+    from django.urls import reverse
+
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+    return format_html('<a href="{}">{}</a>', url, text)

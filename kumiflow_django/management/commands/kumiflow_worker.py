@@ -1,0 +1,80 @@
+"""``manage.py kumiflow_worker``: the resume, dispatch and cron loops in one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from kumiflow_django.conf import settings
+from kumiflow_django.loop import PgListener, limit_idle_transactions
+from kumiflow_django.management.loop_command import (
+    configure_logging,
+    install_signal_handlers,
+    positive_float,
+    positive_int,
+)
+from kumiflow_django.worker import Worker
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the resume, dispatch and cron loops in one process. SIGINT/SIGTERM "
+        "finish the work at hand and exit 0; a second signal exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--once", action="store_true", help="One batch of each loop, then exit."
+        )
+        parser.add_argument("--no-resume", action="store_true", help="Do not resume runs.")
+        parser.add_argument("--no-dispatch", action="store_true", help="Do not deliver the outbox.")
+        parser.add_argument("--no-cron", action="store_true", help="Do not fire cron schedules.")
+        parser.add_argument("--batch-size", type=positive_int, default=None)
+        parser.add_argument("--max-interval", type=positive_float, default=None)
+        parser.add_argument(
+            "--worker-id", default=None, help="Name in leases and logs (default: host:pid:random)."
+        )
+
+    def handle(
+        self,
+        *args: Any,
+        once: bool = False,
+        no_resume: bool = False,
+        no_dispatch: bool = False,
+        no_cron: bool = False,
+        batch_size: int | None = None,
+        max_interval: float | None = None,
+        worker_id: str | None = None,
+        verbosity: int = 1,
+        **options: Any,
+    ) -> None:
+        configure_logging(verbosity, self.stdout)
+        if worker_id is not None and not 0 < len(worker_id) <= 64:
+            raise CommandError("--worker-id must have 1 to 64 characters")
+        try:
+            worker = Worker(
+                resume=not no_resume,
+                dispatch=not no_dispatch,
+                cron=not no_cron,
+                batch_size=batch_size or settings.RESUME_BATCH_SIZE,
+                max_interval=max_interval or settings.MAX_INTERVAL,
+                worker_id=worker_id,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if once:
+            for name, handled in worker.run_once().items():
+                self.stdout.write(f"{name}: {handled}")
+            return
+        limit_idle_transactions(settings.LEASE_SECONDS)
+        install_signal_handlers(worker.stop)
+        listener = PgListener() if connection.vendor == "postgresql" else None
+        if listener is not None:
+            listener.start()
+        try:
+            worker.run()
+        finally:
+            if listener is not None:
+                listener.stop()

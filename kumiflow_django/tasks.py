@@ -1,0 +1,38 @@
+"""Optional Django Tasks integration (``KUMIFLOW_TASKS_BACKEND``).
+
+When the setting names a ``TASKS`` alias, every wake-up the engine knows of
+at commit (a timer, a scheduled retry, an awaited event in worker mode, a
+deferred start, an operator's wake or retry) is also enqueued as the task
+:func:`wake_run` with ``run_after`` at the wake time, on commit. A project
+that already runs a task worker (django-tasks-db, or Celery/RQ behind a
+``django.tasks`` backend) then resumes runs with low latency. The resume
+loop stays the source of truth: the task only calls ``resume_run``, which
+does nothing unless the run is due, so a lost, early or repeated task loses
+and repeats nothing. Needs ``django.tasks`` (Django 6.0 or later).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+from django.tasks import task
+
+logger = logging.getLogger("kumiflow_django.tasks")
+
+
+@task
+def wake_run(run_id: str) -> str:
+    """Resume one run if it is due (idempotent)."""
+    from kumiflow_django.resuming import resume_run
+
+    run = resume_run(uuid.UUID(run_id))
+    return "resumed" if run is not None else "nothing to do"
+
+
+def enqueue(alias: str, run_id: uuid.UUID, when: datetime | None) -> None:
+    try:
+        wake_run.using(backend=alias, run_after=when).enqueue(str(run_id))
+    except Exception:  # the loop resumes the run anyway
+        logger.warning("run %s: enqueueing the wake-up task failed", run_id, exc_info=True)
