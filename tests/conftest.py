@@ -29,3 +29,40 @@ def clock():
 
     with virtual_clock() as the_clock:
         yield the_clock
+
+
+@pytest.fixture
+def browser():
+    """A headless Chromium page driver. Skipped where Playwright or Debian's
+    chromium is missing, unless KUMIFLOW_REQUIRE_BROWSER=1 (CI), which fails instead."""
+    import os
+    import shutil
+
+    chromium = os.environ.get("KUMIFLOW_CHROMIUM") or shutil.which("chromium") or ""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if sync_playwright is None or not chromium:
+        message = "browser tests need the 'browser' dependency group and /usr/bin/chromium"
+        if os.environ.get("KUMIFLOW_REQUIRE_BROWSER"):
+            pytest.fail(message)
+        pytest.skip(message)
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright runs an event loop
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(
+            executable_path=chromium,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            yield instance
+        finally:
+            instance.close()
