@@ -42,7 +42,7 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        sync_playwright = None
+        sync_playwright = None  # type: ignore[assignment]
     if sync_playwright is None or not chromium:
         message = "browser tests need the 'browser' dependency group and /usr/bin/chromium"
         if os.environ.get("KUMIFLOW_REQUIRE_BROWSER"):

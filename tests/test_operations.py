@@ -62,7 +62,7 @@ def test_wake_times_out_a_wait_for_an_event_now(registry, clock):
     wake_run(run.id)
     run_until_idle()
     run.refresh_from_db()
-    assert run.result["timed_out"] is True
+    assert run.result == {"timed_out": True, "type": "reply", "payload": None}
     with pytest.raises(InvalidRunState, match="only waiting runs"):
         wake_run(run.id)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 import signal
 import threading
 import time
@@ -60,7 +61,7 @@ def test_wake_ups_are_also_enqueued_as_tasks(registry, clock, django_capture_on_
 
     from kumiflow_django.tasks import wake_run
 
-    backend = task_backends["default"]
+    backend: Any = task_backends["default"]
     backend.clear()
     define_workflow("sleepy", steps=[s.wait("PT10M"), s.return_("done")])
     with django_capture_on_commit_callbacks(execute=True):
