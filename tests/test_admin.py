@@ -159,7 +159,7 @@ def test_actions_report_the_runs_they_skipped_and_why(admin_client, flows):
 def test_nothing_can_be_added_changed_or_deleted(admin_client, flows):
     for model in ("workflowrun", "event", "dispatch", "cronschedule"):
         assert admin_client.get(reverse(f"admin:kumiflow_{model}_add")).status_code == 403
-    event = Event.objects.first()
+    event = Event.objects.earliest("position")
     assert (
         admin_client.post(reverse("admin:kumiflow_event_delete", args=[event.pk])).status_code
         == 403

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.core.management import call_command

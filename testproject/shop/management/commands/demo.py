@@ -134,7 +134,7 @@ class Command(BaseCommand):
         if event.type.endswith("run-completed"):
             return f"result {p['result']}"
         if event.type.endswith("run-failed"):
-            return p["error"]
+            return str(p["error"])
         return ""
 
     def footer(self, runs: list[WorkflowRun]) -> None:
@@ -153,7 +153,7 @@ class Command(BaseCommand):
     def ensure_superuser(self) -> None:
         users = get_user_model()._default_manager
         if not users.filter(username=ADMIN_USER).exists():
-            users.create_superuser(ADMIN_USER, "admin@example.com", ADMIN_PASSWORD)  # type: ignore[attr-defined]
+            users.create_superuser(ADMIN_USER, "admin@example.com", ADMIN_PASSWORD)
 
     def heading(self, text: str) -> None:
         self.stdout.write("\n" + self.style.MIGRATE_HEADING(text))
