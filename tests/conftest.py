@@ -66,3 +66,8 @@ def browser():
             yield instance
         finally:
             instance.close()
+            # Playwright switches greenlets, which carry their own context
+            # variables: Django may have opened a second connection in ours.
+            from django.db import connections
+
+            connections.close_all()

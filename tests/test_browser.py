@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connections
 
 from kumiflow_django import append_event, define_workflow, on_event
 from kumiflow_django import steps as s
@@ -38,6 +39,7 @@ def page(browser, live_server):
     page.wait_for_selector("#site-name")
     yield page
     context.close()
+    connections.close_all()  # see the browser fixture
 
 
 @pytest.fixture

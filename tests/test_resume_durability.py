@@ -16,6 +16,10 @@ from tests.processes import output, spawn, stop, wait_for
 pytestmark = [pytest.mark.server_db, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
+# A killed worker leaves its lease on the run it was in: short leases keep the test short.
+ENV = {"KUMIFLOW_LEASE_SECONDS": "2"}
+
+
 def request_tallies(n: int, sleep: float = 0.0) -> None:
     with transaction.atomic():
         for i in range(n):
@@ -29,7 +33,9 @@ def unfinished() -> int:
 
 def test_four_workers_resume_500_runs_each_exactly_once():
     request_tallies(500)
-    workers = [spawn("kumiflow_resume", "--max-interval", "0.2", "-v", "0") for _ in range(4)]
+    workers = [
+        spawn("kumiflow_resume", "--max-interval", "0.2", "-v", "0", env=ENV) for _ in range(4)
+    ]
     try:
         wait_for(lambda: unfinished() == 0, 180, "500 runs to complete")
     finally:
@@ -41,7 +47,7 @@ def test_four_workers_resume_500_runs_each_exactly_once():
 
 def test_a_worker_killed_mid_batch_loses_and_repeats_nothing():
     request_tallies(200, sleep=0.02)
-    first = spawn("kumiflow_resume", "--max-interval", "0.2", "-v", "0")
+    first = spawn("kumiflow_resume", "--max-interval", "0.2", "-v", "0", env=ENV)
     try:
         wait_for(lambda: Tally.objects.count() >= 40, 120, "the first worker to get going")
     finally:
@@ -49,7 +55,9 @@ def test_a_worker_killed_mid_batch_loses_and_repeats_nothing():
         first.wait(30)
     assert unfinished() > 0, "killed in the middle of the batch"
 
-    workers = [spawn("kumiflow_resume", "--max-interval", "0.2", "-v", "0") for _ in range(2)]
+    workers = [
+        spawn("kumiflow_resume", "--max-interval", "0.2", "-v", "0", env=ENV) for _ in range(2)
+    ]
     try:
         wait_for(lambda: unfinished() == 0, 180, "every run to complete after the restart")
     finally:
