@@ -33,6 +33,10 @@ lint: venv
 	DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
 	DATABASE_URL=sqlite:///:memory: $(PY) manage.py check --fail-level WARNING
 
+docs: venv
+	$(PY) -m pip install --quiet --group docs
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+
 fmt: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .

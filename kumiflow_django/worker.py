@@ -47,6 +47,8 @@ class Worker:
             self.loops.append(CronLoop(batch_size=batch_size, max_interval=max_interval))
         if not self.loops:
             raise ValueError("a worker needs at least one loop")
+        #: Set when a loop died of something other than a database error.
+        self.crashed = False
 
     def run_once(self) -> dict[str, int]:
         return {loop.name: loop.run_once() for loop in self.loops}
@@ -75,6 +77,7 @@ class Worker:
             loop.run_forever()
         except Exception:
             logger.exception("the %s loop crashed; stopping the worker", loop.name)
+            self.crashed = True
             self.stop()
         finally:
             connection.close()

@@ -78,3 +78,5 @@ class Command(BaseCommand):
         finally:
             if listener is not None:
                 listener.stop()
+        if worker.crashed:
+            raise CommandError("a loop crashed (see the log); the worker stopped")
