@@ -46,5 +46,11 @@ serve: venv
 	$(PY) manage.py demo --superuser-only
 	$(PY) manage.py runserver 127.0.0.1:8000
 
+# BENCH_ARGS="--peer dbos" adds DBOS Transact (installed into .venv on demand).
+BENCH_ARGS ?=
+bench: venv
+	$(PY) -m pip install --quiet --group postgres $(if $(findstring dbos,$(BENCH_ARGS)),--group bench,)
+	$(PY) bench/run.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info testproject/db.sqlite3*

@@ -26,7 +26,7 @@ from croniter import croniter
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 
-from kumiflow_django import clock, eventstore
+from kumiflow_django import clock, eventstore, rowsql
 from kumiflow_django import run_events as ev
 from kumiflow_django.conf import settings
 from kumiflow_django.context import TriggerEvent
@@ -129,17 +129,14 @@ def _record(
         metadata={},
         created_at=clock.now(),
     )
+    before = None if schedule is None else rowsql.snapshot(schedule)
     updated = apply(copy.deepcopy(schedule), event)
     eventstore.insert([event])
-    if schedule is None:
+    if before is None:
         updated.save(force_insert=True)
     else:
-        fields = {
-            f.attname: getattr(updated, f.attname)
-            for f in CronSchedule._meta.concrete_fields
-            if not f.primary_key
-        }
-        if not CronSchedule.objects.filter(pk=workflow, version=base).update(**fields):
+        where = {"workflow": workflow, "version": base}
+        if not rowsql.update_changed(updated, before, where=where, using="default"):
             raise Conflict(f"schedule {workflow} is no longer at version {base}")
     eventstore.notify([event])
     return updated

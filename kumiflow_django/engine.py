@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import OperationalError
+from django.db import DEFAULT_DB_ALIAS, OperationalError
 
-from kumiflow_django import clock, eventstore, outbox, runs
+from kumiflow_django import clock, eventstore, outbox, rowsql, runs
 from kumiflow_django import run_events as ev
 from kumiflow_django.context import (
     Context,
@@ -81,6 +81,10 @@ class Segment:
         self.run = run
         self.tenant = tenant
         self.new = run is None
+        self.before = None if run is None else rowsql.snapshot(run)
+        if run is not None:
+            # A committed segment ends any worker's lease on the run.
+            run.lease_owner, run.lease_until = "", None
         self.base_version = 0 if run is None else run.version
         self.events: list[Event] = []
         self.dispatches: list[Dispatch] = []
@@ -118,17 +122,13 @@ class Segment:
         assert self.run is not None
         eventstore.insert(self.events)
         if self.new:
-            self.run.save(force_insert=True)
+            rowsql.insert(WorkflowRun, [self.run], using=DEFAULT_DB_ALIAS, return_pk=False)
         else:
-            fields = {
-                f.attname: getattr(self.run, f.attname)
-                for f in WorkflowRun._meta.concrete_fields
-                if not f.primary_key
-            }
-            updated = WorkflowRun.objects.filter(pk=self.run.pk, version=self.base_version).update(
-                **fields
-            )
-            if not updated:
+            assert self.before is not None
+            where = {"id": self.run.pk, "version": self.base_version}
+            if not rowsql.update_changed(
+                self.run, self.before, where=where, using=DEFAULT_DB_ALIAS
+            ):
                 raise Conflict(f"run {self.run.pk} is no longer at version {self.base_version}")
         if self.dispatches:
             Dispatch.objects.bulk_create(self.dispatches)

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 
-from kumiflow_django import clock
+from kumiflow_django import clock, rowsql
 from kumiflow_django.conf import settings
 from kumiflow_django.exceptions import InvalidEvent, TenantMismatch, VersionConflict
 from kumiflow_django.jsonvalues import to_json
@@ -171,10 +171,10 @@ def append_events(
 
 def insert(rows: Sequence[Event], using: str = DEFAULT_DB_ALIAS) -> None:
     """Insert prepared events (positions are filled in). The store's only INSERT."""
-    with _allow_writes():
-        if connections[using].features.can_return_rows_from_bulk_insert:
-            Event.objects.using(using).bulk_create(rows)
-        else:  # pragma: no cover - MySQL without RETURNING
+    if connections[using].features.can_return_rows_from_bulk_insert:
+        rowsql.insert(Event, rows, using=using, return_pk=True)
+    else:  # pragma: no cover - MySQL without RETURNING
+        with _allow_writes():
             for row in rows:
                 row.save(force_insert=True, using=using)
 

@@ -242,7 +242,7 @@ def record(dispatch: Dispatch, type_: str, payload: dict[str, Any]) -> Dispatch:
     """
     import copy
 
-    from kumiflow_django import clock, eventstore
+    from kumiflow_django import clock, eventstore, rowsql
     from kumiflow_django.engine import Conflict
 
     base = dispatch.version
@@ -256,14 +256,11 @@ def record(dispatch: Dispatch, type_: str, payload: dict[str, Any]) -> Dispatch:
         metadata={"run_id": str(dispatch.run_id)} if dispatch.run_id else {},
         created_at=clock.now(),
     )
+    before = rowsql.snapshot(dispatch)
     updated = apply(copy.deepcopy(dispatch), event)
     eventstore.insert([event])
-    fields = {
-        f.attname: getattr(updated, f.attname)
-        for f in Dispatch._meta.concrete_fields
-        if not f.primary_key
-    }
-    if not Dispatch.objects.filter(pk=dispatch.pk, version=base).update(**fields):
+    where = {"id": dispatch.pk, "version": base}
+    if not rowsql.update_changed(updated, before, where=where, using="default"):
         raise Conflict(f"dispatch {dispatch.pk} is no longer at version {base}")
     eventstore.notify([event])
     return updated

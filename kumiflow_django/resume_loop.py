@@ -20,6 +20,9 @@ import secrets
 import socket
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
 
 from kumiflow_django import clock
 from kumiflow_django.conf import settings
@@ -32,6 +35,10 @@ logger = logging.getLogger("kumiflow_django.resume")
 
 
 Due = tuple[uuid.UUID, int, str, datetime | None]
+
+#: Runs leased per statement: few enough that a lease does not run out while
+#: its run waits for the ones before it.
+CLAIM_CHUNK = 10
 
 
 def due_runs(now: datetime, limit: int) -> list[Due]:
@@ -58,13 +65,26 @@ class ResumeLoop(Loop):
         super().__init__(batch_size=batch_size, max_interval=max_interval)
         self.worker_id = worker_id or default_worker_id()
 
-    def _claim(self, run_id: uuid.UUID, version: int, seen_owner: str, now: datetime) -> bool:
+    def _claim(self, chunk: list[Due], now: datetime) -> list[tuple[uuid.UUID, int, Any]]:
+        """Lease a few due runs in one statement; return those now leased to us,
+        each with the expired lease it took over (a recovery), if any."""
+        candidates: dict[uuid.UUID, tuple[int, Any]] = {}
+        for run_id, version, owner, until in chunk:
+            if owner and owner != self.worker_id:
+                if until is not None and until > now:
+                    continue  # another worker is on it
+                recovered = {"from": owner, "lease_until": isoformat(until) if until else None}
+                candidates[run_id] = (version, recovered)
+            else:
+                candidates[run_id] = (version, None)
+        if not candidates:
+            return []
+        free = Q(lease_owner="") | Q(lease_until__lt=now) | Q(lease_owner=self.worker_id)
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
-        return bool(
-            WorkflowRun.objects.filter(pk=run_id, version=version, lease_owner=seen_owner).update(
-                lease_owner=self.worker_id, lease_until=lease_until
-            )
-        )
+        rows = WorkflowRun.objects.filter(pk__in=list(candidates))
+        rows.filter(free).update(lease_owner=self.worker_id, lease_until=lease_until)
+        mine = set(rows.filter(lease_owner=self.worker_id).values_list("id", flat=True))
+        return [(run_id, *candidates[run_id]) for run_id in candidates if run_id in mine]
 
     def _release(self, run_id: uuid.UUID) -> None:
         WorkflowRun.objects.filter(pk=run_id, lease_owner=self.worker_id).update(
@@ -74,33 +94,31 @@ class ResumeLoop(Loop):
     def run_once(self) -> int:
         resumed = 0
         now = clock.now()
-        for run_id, version, owner, until in due_runs(now, self.batch_size):
-            if self.stopping:
-                break
-            recovered = None
-            if owner and owner != self.worker_id:
-                if until is not None and until > now:
-                    continue  # another worker is on it
-                recovered = {"from": owner, "lease_until": isoformat(until) if until else None}
-            if not self._claim(run_id, version, owner, now):
-                continue
-            if recovered:
-                logger.warning(
-                    "run %s: taking over from %s, whose lease expired", run_id, recovered["from"]
-                )
-            try:
-                run = resume_run(
-                    run_id, skip_locked=True, expected_version=version, recovered=recovered
-                )
-            except Exception:
-                # A database error (not a step error: those fail the run). The
-                # transaction was rolled back; the run stays due and is retried.
-                logger.exception("run %s: resume failed; it stays due", run_id)
-                run = None
-            if run is None:
-                self._release(run_id)
-            else:
-                resumed += 1
+        due = due_runs(now, self.batch_size)
+        for start in range(0, len(due), CLAIM_CHUNK):
+            for run_id, version, recovered in self._claim(due[start : start + CLAIM_CHUNK], now):
+                if self.stopping:
+                    self._release(run_id)
+                    continue
+                if recovered:
+                    logger.warning(
+                        "run %s: taking over from %s, whose lease expired",
+                        run_id,
+                        recovered["from"],
+                    )
+                try:
+                    run = resume_run(
+                        run_id, skip_locked=True, expected_version=version, recovered=recovered
+                    )
+                except Exception:
+                    # A database error (not a step error: those fail the run). The
+                    # transaction was rolled back; the run stays due and is retried.
+                    logger.exception("run %s: resume failed; it stays due", run_id)
+                    run = None
+                if run is None:
+                    self._release(run_id)
+                else:
+                    resumed += 1
         return resumed
 
     def next_due(self) -> datetime | None:

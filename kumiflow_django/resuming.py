@@ -13,9 +13,11 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 
 from kumiflow_django import clock, matching
 from kumiflow_django import run_events as ev
@@ -68,7 +70,10 @@ def resume_run(
     Returns the run after its segment, or None when there was nothing to do:
     not due, already resumed by someone else, locked by another worker.
     """
-    with transaction.atomic():
+    # Inside a caller's transaction (an appended event waking a run) no
+    # savepoint is needed here: continue_run keeps its own around the steps.
+    block = nullcontext() if connection.in_atomic_block else transaction.atomic()
+    with block:
         run = lock_run(run_id, skip_locked=skip_locked)
         if run is None or run.status not in SUSPENDED:
             return None
@@ -155,7 +160,6 @@ def continue_run(
     run: WorkflowRun, wake: Wake | None, *, recovered: dict[str, Any] | None = None
 ) -> WorkflowRun | None:
     """Run the next segment of a locked, suspended run."""
-    run.lease_owner, run.lease_until = "", None  # cleared when the segment commits
     workflow = _definition(run)
     if isinstance(workflow, Failure):
         return _fail(run, workflow, resumed=False)
@@ -220,22 +224,28 @@ def _fail(
 # --- awaited events ---------------------------------------------------------
 
 
-def waiting_for(event: Event) -> list[uuid.UUID]:
-    """Runs of the event's tenant that wait for an event like this one."""
-    ids: list[uuid.UUID] = []
+def _waiting_query(event: Event) -> Any:
+    """Runs of the event's tenant that wait for an event like this one (or None)."""
+    condition = None
     for awaited in awaited_as(event.type):
         path_sets = registry.awaited_paths(awaited)
-        if not path_sets:
-            continue
-        keys = matching.keys_for_event(event, path_sets)
+        keys = matching.keys_for_event(event, path_sets) if path_sets else []
         if keys:
-            ids.extend(
-                WorkflowRun.objects.awaiting(event.tenant_id, awaited, keys)
-                .filter(awaited_after__lt=event.position)
-                .order_by("started_at")
-                .values_list("id", flat=True)
-            )
-    return ids
+            q = Q(awaited_event_type=awaited, correlation_key__in=keys)
+            condition = q if condition is None else condition | q
+    if condition is None:
+        return None
+    return (
+        WorkflowRun.objects.filter(condition)
+        .filter(tenant_id=event.tenant_id, status=RunStatus.WAITING_EVENT)
+        .filter(awaited_after__lt=event.position)
+        .order_by("started_at")
+    )
+
+
+def waiting_for(event: Event) -> list[uuid.UUID]:
+    qs = _waiting_query(event)
+    return [] if qs is None else list(qs.values_list("id", flat=True))
 
 
 def is_awaited(event_type: str) -> bool:
@@ -244,10 +254,20 @@ def is_awaited(event_type: str) -> bool:
 
 def wake_waiters(event: Event) -> None:
     """Wake the runs an appended event satisfies, in the appending transaction."""
-    for run_id in waiting_for(event):
-        _deliver(run_id, event)
+    qs = _waiting_query(event)
+    if qs is not None:
+        if settings.EVENT_WAKE == "inline":
+            # Lock and read the waiting runs in one statement, then resume each.
+            if connection.features.has_select_for_update:
+                qs = qs.select_for_update()
+            for run in qs:
+                if satisfies(run, event):
+                    continue_run(run, Wake("event", event))
+        else:
+            for run_id in qs.values_list("id", flat=True):
+                mark_matched(run_id, event)
     if not writers_serialized():
-        transaction.on_commit(lambda: _recheck_event(event.position))
+        transaction.on_commit(lambda: _recheck_event(event))
 
 
 def _deliver(run_id: uuid.UUID, event: Event) -> None:
@@ -284,13 +304,10 @@ def writers_serialized() -> bool:
     return connection.vendor == "sqlite"
 
 
-def _recheck_event(position: int) -> None:
+def _recheck_event(event: Event) -> None:
     """After the append committed: a run that began waiting concurrently (its
     transaction did not yet see the event, ours did not yet see the run) is
     found now."""
-    event = Event.objects.filter(position=position).first()
-    if event is None:
-        return
     for run_id in waiting_for(event):
         _deliver(run_id, event)
 

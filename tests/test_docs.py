@@ -37,8 +37,7 @@ def clean_extensions():
 
     call = importlib.import_module("kumiflow_django.steps.call")  # the package exports call()
     saved = [
-        (d, dict(d))
-        for d in (base._KINDS, outbox._KINDS, call._HANDLERS, projections._PROJECTIONS)
+        (d, dict(d)) for d in (base._KINDS, outbox._KINDS, call._HANDLERS, projections._PROJECTIONS)
     ]
     yield
     for registry, content in saved:

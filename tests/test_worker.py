@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import django
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -54,6 +55,10 @@ def test_stop_ends_every_loop_thread(registry):
     assert not thread.is_alive()
 
 
+needs_tasks = pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django 6.0+")
+
+
+@needs_tasks
 @pytest.mark.django_db
 @override_settings(TASKS=DUMMY_TASKS, KUMIFLOW_TASKS_BACKEND="default")
 def test_wake_ups_are_also_enqueued_as_tasks(registry, clock, django_capture_on_commit_callbacks):
@@ -79,6 +84,7 @@ def test_wake_ups_are_also_enqueued_as_tasks(registry, clock, django_capture_on_
     assert run.result == "done"
 
 
+@needs_tasks
 def test_the_tasks_setting_is_checked():
     with override_settings(KUMIFLOW_TASKS_BACKEND="missing", TASKS=DUMMY_TASKS):
         assert [m.id for m in check_settings()] == ["kumiflow.E015"]
@@ -106,8 +112,10 @@ def test_a_worker_killed_mid_segment_is_taken_over_after_its_lease(admin_client)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(30)
-    stalled = WorkflowRun.objects.exclude(lease_owner="").get()
-    assert stalled.status == RunStatus.PENDING, "its segment was rolled back"
+    # The dead worker leased the runs it had taken on (a few at a time), and was
+    # in the middle of one of them; its transaction was rolled back.
+    stalled = list(WorkflowRun.objects.exclude(lease_owner=""))
+    assert stalled and all(run.status == RunStatus.PENDING for run in stalled)
 
     second = spawn(
         "kumiflow_worker", "--no-cron", "--no-dispatch", "--max-interval", "0.2", "-v", "0", env=env
@@ -122,13 +130,13 @@ def test_a_worker_killed_mid_segment_is_taken_over_after_its_lease(admin_client)
         codes = stop([second])
     assert codes == [0], output(second)[-2000:]
 
-    stalled.refresh_from_db()
-    assert stalled.recoveries == 1
-    assert stalled.lease_owner == ""
-    resumed = Event.objects.get(stream_id=str(stalled.id), type="kumiflow.workflow.step.resumed")
-    assert resumed.payload["recovered"]["from"], "names the worker that died"
+    for run in stalled:
+        run.refresh_from_db()
+        assert (run.recoveries, run.lease_owner) == (1, "")
+        resumed = Event.objects.get(stream_id=str(run.id), type="kumiflow.workflow.step.resumed")
+        assert resumed.payload["recovered"]["from"], "names the worker that died"
     assert max(Tally.objects.values_list("count", flat=True)) == 1
-    page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[stalled.pk]))
+    page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[stalled[0].pk]))
     assert "1 (resumed by another worker after a lease ran out)" in page.content.decode()
 
 
@@ -148,3 +156,9 @@ def test_postgresql_notifications_wake_a_sleeping_worker():
         )
     finally:
         stop([worker])
+
+
+@pytest.mark.skipif(django.VERSION >= (6, 0), reason="django.tasks exists")
+def test_the_tasks_setting_needs_django_tasks():
+    with override_settings(KUMIFLOW_TASKS_BACKEND="default"):
+        assert [m.id for m in check_settings()] == ["kumiflow.E014"]

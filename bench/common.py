@@ -1,0 +1,113 @@
+"""Helpers shared by the benchmark's workloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def pg_url(database: str) -> str:
+    return f"postgres://postgres@127.0.0.1:5432/{database}"
+
+
+def recreate_pg_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def database_url(db: str, name: str) -> str:
+    """A fresh database for one workload."""
+    if db == "sqlite":
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path = RESULTS / f"{name}.sqlite3"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return f"sqlite:///{path}"
+    recreate_pg_database(name)
+    return pg_url(name)
+
+
+def setup_django(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    sys.path.insert(0, str(ROOT))
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    """VmRSS, VmHWM (MB) and Threads of a process, from /proc."""
+    values: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+        elif key == "Threads":
+            values[key] = int(rest)
+    return values
+
+
+def emit(result: dict[str, Any]) -> None:
+    result.setdefault("peak_rss_mb", round(peak_rss_mb(), 1))
+    print(json.dumps(result), flush=True)
+
+
+class Receiver:
+    """A webhook receiver on loopback that counts idempotency keys."""
+
+    def __init__(self) -> None:
+        self.keys: Counter[str] = Counter()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.keys[self.headers.get("Idempotency-Key", "?")] += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"

@@ -1,0 +1,265 @@
+"""The same workloads on DBOS Transact (the ``dbos`` package), for comparison.
+
+Each function runs in a fresh child process with its own system database.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    RESULTS,
+    ROOT,
+    Receiver,
+    median,
+    percentile,
+    proc_status,
+    recreate_pg_database,
+)
+
+
+def system_url(db: str, name: str) -> str:
+    if db == "sqlite":
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path = RESULTS / f"{name}.sqlite"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return f"sqlite:///{path}"
+    recreate_pg_database(name)
+    return f"postgresql://postgres@127.0.0.1:5432/{name}"
+
+
+def launch(url: str, **extra: Any) -> Any:
+    from dbos import DBOS
+
+    DBOS(
+        config={"name": "kumiflow-bench", "system_database_url": url, "log_level": "ERROR", **extra}
+    )
+    return DBOS
+
+
+def w1(db: str) -> dict[str, Any]:
+    DBOS = launch(system_url(db, "dbos_bench_w1"))
+
+    @DBOS.step()
+    def inc(x: int) -> int:
+        return x + 1
+
+    @DBOS.workflow()
+    def five(x: int) -> int:
+        for _ in range(5):
+            x = inc(x)
+        return x
+
+    DBOS.launch()
+    for i in range(50):
+        five(i)
+    n = 1000
+    start = time.perf_counter()
+    for i in range(n):
+        five(i)
+    rate = n / (time.perf_counter() - start)
+    DBOS.destroy()
+    return {"workflows_per_s": round(rate, 1)}
+
+
+def w2(db: str) -> dict[str, Any]:
+    DBOS = launch(system_url(db, "dbos_bench_w2"))
+
+    @DBOS.step()
+    def inc(x: int) -> int:
+        return x + 1
+
+    @DBOS.workflow()
+    def sleepy(x: int) -> float:
+        inc(x)
+        before = time.time()
+        DBOS.sleep(2)
+        late = time.time() - before - 2
+        inc(x)
+        return late * 1000
+
+    DBOS.launch()
+    n = 500
+    start = time.perf_counter()
+    handles = [DBOS.start_workflow(sleepy, i) for i in range(n)]
+    lateness = [h.get_result() for h in handles]
+    wall = time.perf_counter() - start
+    DBOS.destroy()
+    return {
+        "completed": len(lateness) == n,
+        "wall_minus_sleep_s": round(wall - 2.0, 3),
+        "lateness_p50_ms": round(percentile(lateness, 50) or 0, 1),
+        "lateness_p99_ms": round(percentile(lateness, 99) or 0, 1),
+    }
+
+
+def w3(db: str) -> dict[str, Any]:
+    DBOS = launch(system_url(db, "dbos_bench_w3"))
+
+    @DBOS.workflow()
+    def waiter() -> float:
+        DBOS.recv("signal", timeout_seconds=600)
+        return time.perf_counter()
+
+    DBOS.launch()
+    n = 500
+    handles = [DBOS.start_workflow(waiter) for _ in range(n)]
+    time.sleep(3)  # every workflow is waiting in recv
+    sent: dict[str, float] = {}
+    first = time.perf_counter()
+    for handle in handles:
+        sent[handle.workflow_id] = time.perf_counter()
+        DBOS.send(handle.workflow_id, 1, "signal")
+    received = {h.workflow_id: h.get_result() for h in handles}
+    total = time.perf_counter() - first
+    latencies = [(received[k] - sent[k]) * 1000 for k in sent]
+    DBOS.destroy()
+    return {
+        "completed": True,
+        "all_complete_s": round(total, 3),
+        "latency_p50_ms": round(percentile(latencies, 50) or 0, 2),
+        "latency_p99_ms": round(percentile(latencies, 99) or 0, 2),
+    }
+
+
+def w4(db: str) -> dict[str, Any]:
+    """DBOS's queue claim (``start_queued_workflows``), empty store vs 100,000
+    finished workflows, nothing enqueued."""
+    if db != "postgresql":
+        return {"skipped": "measured on PostgreSQL only"}
+    url = system_url("postgresql", "dbos_bench_w4")
+    DBOS = launch(url)
+
+    @DBOS.workflow()
+    def noop() -> None:
+        pass
+
+    queue = DBOS.register_queue("bench")
+    DBOS.launch()
+    noop()
+    from dbos._dbos import _get_dbos_instance
+    from dbos._utils import GlobalParams
+
+    sys_db = _get_dbos_instance()._sys_db
+
+    def claim_ms() -> float:
+        samples = []
+        for _ in range(200):
+            begin = time.perf_counter()
+            sys_db.start_queued_workflows(
+                queue, GlobalParams.executor_id, GlobalParams.app_version, None
+            )
+            samples.append((time.perf_counter() - begin) * 1000)
+        return median(samples)
+
+    empty = claim_ms()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        columns = [
+            row[0]
+            for row in conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = 'dbos' AND table_name = 'workflow_status' "
+                "ORDER BY ordinal_position"
+            )
+        ]
+        select = ", ".join(
+            "s.workflow_uuid || '-' || g::text" if c == "workflow_uuid" else f"s.{c}"
+            for c in columns
+        )
+        conn.execute(
+            f"INSERT INTO dbos.workflow_status ({', '.join(columns)}) "
+            f"SELECT {select} FROM dbos.workflow_status s, generate_series(1, 100000) g"
+        )
+        conn.execute("ANALYZE dbos.workflow_status")
+    full = claim_ms()
+    DBOS.destroy()
+    return {
+        "empty_claim_ms": round(empty, 3),
+        "finished_100k_claim_ms": round(full, 3),
+        "ratio": round(full / empty, 3),
+    }
+
+
+def w5(db: str) -> dict[str, Any]:
+    url = system_url(db, "dbos_bench_w5")
+    receiver = Receiver()
+    effects = RESULTS / "dbos_w5_effects.log"
+    effects.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "DBOS_URL": url,
+        "BENCH_RECEIVER": receiver.url,
+        "BENCH_EFFECTS": str(effects),
+    }
+    script = [sys.executable, str(ROOT / "bench" / "dbos_w5_app.py")]
+    first = subprocess.Popen([*script, "start"], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (
+        not effects.exists() or len(effects.read_text().splitlines()) < 200
+    ):
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    second = subprocess.run(
+        [*script, "recover"], env=env, cwd=ROOT, timeout=300, capture_output=True, text=True
+    )
+    lines = effects.read_text().splitlines()
+    from collections import Counter
+
+    counts = Counter(lines)
+    completed = int(second.stdout.strip().splitlines()[-1]) if second.returncode == 0 else 0
+    return {
+        "runs_completed": completed,
+        "runs_lost": 200 - completed,
+        "side_effects_repeated": sum(1 for c in counts.values() if c > 1),
+        "side_effects_missing": 600 - len(counts),
+        "deliveries_distinct_keys": len(receiver.keys),
+        "deliveries_repeated": sum(1 for c in receiver.keys.values() if c > 1),
+        "deliveries_max_per_key": max(receiver.keys.values(), default=0),
+    }
+
+
+def _sleepers(db: str, n: int) -> dict[str, float]:
+    url = system_url(db, f"dbos_bench_w6_{n}")
+    env = {**os.environ, "DBOS_URL": url, "BENCH_SLEEPERS": str(n)}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "dbos_w6_app.py")],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "started"
+        time.sleep(8)
+        return proc_status(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def w6(db: str) -> dict[str, Any]:
+    small = _sleepers(db, 200)
+    large = _sleepers(db, 20_000)
+    return {
+        "worker_rss_mb_200": round(small["VmHWM"], 1),
+        "worker_rss_mb_20000": round(large["VmHWM"], 1),
+        "worker_threads_200": int(small["Threads"]),
+        "worker_threads_20000": int(large["Threads"]),
+        "memory_growth": round(large["VmHWM"] / small["VmHWM"] - 1, 3),
+    }
+
+
+WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6}
+_ = threading  # the DBOS executor runs workflows in threads

@@ -1,0 +1,8 @@
+"""The benchmark runs the testproject with one more app: the benchmark's workflows."""
+
+from testproject.settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, "bench"]  # noqa: F405
+LOGGING = {"version": 1, "disable_existing_loggers": False}
+KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
+KUMIFLOW_MAX_INTERVAL = 1.0

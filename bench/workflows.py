@@ -1,0 +1,56 @@
+"""The benchmark's workflows (W1-W6), registered like any app's."""
+
+from __future__ import annotations
+
+import os
+
+from kumiflow_django import define_workflow, on_event
+from kumiflow_django import steps as s
+
+
+def _inc(ctx):
+    return ctx.event.payload.get("n", 0) + 1
+
+
+w1 = define_workflow(
+    "bench-w1",
+    trigger=on_event("bench.w1"),
+    steps=[s.compute(f"step{i}", _inc) for i in range(5)],
+)
+
+w2 = define_workflow(
+    "bench-w2",
+    steps=[s.compute("before", _inc), s.wait("PT2S"), s.compute("after", _inc)],
+)
+
+w3 = define_workflow(
+    "bench-w3",
+    trigger=on_event("bench.w3.start"),
+    steps=[
+        s.wait_for_event(
+            "bench.w3.signal",
+            match={"payload.key": lambda ctx: ctx.event.payload["key"]},
+            timeout="PT10M",
+            name="signal",
+        ),
+        s.compute("done", _inc),
+    ],
+)
+
+w5 = define_workflow(
+    "bench-w5",
+    trigger=on_event("bench.w5"),
+    start_mode="deferred",
+    steps=[
+        s.call(None, "shop.count", lambda ctx: {"key": f"{ctx.run.id}:a"}),
+        s.call(None, "shop.count", lambda ctx: {"key": f"{ctx.run.id}:b", "sleep": 0.01}),
+        s.wait("PT1S"),
+        s.call(None, "shop.count", lambda ctx: {"key": f"{ctx.run.id}:c", "sleep": 0.01}),
+        s.webhook_send(
+            lambda ctx: os.environ.get("BENCH_RECEIVER", "http://127.0.0.1:9/"),
+            body=lambda ctx: {"run": str(ctx.run.id)},
+        ),
+    ],
+)
+
+w6 = define_workflow("bench-w6", steps=[s.wait("PT1H"), s.return_(None)])

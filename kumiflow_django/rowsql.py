@@ -1,0 +1,92 @@
+"""Plain SQL for the engine's hot writes: inserting events and run rows, and
+updating the columns of a run that a segment changed.
+
+The ORM's SQL compiler costs more than the database on these paths (a
+segment writes a few small rows); the statements here are built once per
+shape and fed with each field's own ``get_db_prep_save``, so values are
+adapted exactly as the ORM would adapt them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections
+from django.db.models import Field, Model
+
+
+@functools.cache
+def _insert_sql(
+    model: type[Model], using: str, rows: int, returning: bool
+) -> tuple[str, tuple[Field[Any, Any], ...]]:
+    qn = connections[using].ops.quote_name
+    meta = model._meta
+    pk = meta.pk
+    assert pk is not None
+    fields = tuple(f for f in meta.concrete_fields if not (returning and f is pk))
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    columns = ", ".join(qn(_column(f)) for f in fields)
+    # Table and column names come from the model, quoted; values are parameters.
+    sql = f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES {', '.join([row] * rows)}"  # noqa: S608
+    if returning:
+        sql += f" RETURNING {qn(_column(pk))}"
+    return sql, fields
+
+
+def _column(field: Field[Any, Any]) -> str:
+    assert field.column is not None
+    return field.column
+
+
+def insert(model: type[Model], objs: Sequence[Model], *, using: str, return_pk: bool) -> None:
+    """INSERT the objects in one statement; with ``return_pk`` fill in their
+    (auto) primary keys from ``RETURNING``. The caller checks that the backend
+    can return rows from a bulk insert."""
+    if not objs:
+        return
+    connection = connections[using]
+    sql, fields = _insert_sql(model, using, len(objs), return_pk)
+    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if return_pk:
+            pk_attname = model._meta.pk.attname
+            for obj, (pk,) in zip(objs, cursor.fetchall(), strict=True):
+                setattr(obj, pk_attname, pk)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = using
+
+
+def snapshot(obj: Model) -> dict[str, Any]:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def update_changed(obj: Model, before: dict[str, Any], *, where: dict[str, Any], using: str) -> int:
+    """UPDATE the columns of ``obj`` that differ from ``before``, for the row
+    matching ``where`` (attnames); return the number of rows changed."""
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    meta = obj._meta
+    changed = [
+        f
+        for f in meta.concrete_fields
+        if not f.primary_key and getattr(obj, f.attname) != before[f.attname]
+    ]
+    if not changed:
+        changed = [meta.get_field("version")]  # type: ignore[list-item]
+    keys: list[Any] = [meta.get_field(k) for k in where]
+    sets = ", ".join(f"{qn(_column(f))} = %s" for f in changed)
+    conditions = " AND ".join(f"{qn(_column(f))} = %s" for f in keys)
+    params = [f.get_db_prep_save(getattr(obj, f.attname), connection) for f in changed]
+    params += [
+        f.get_db_prep_value(v, connection, prepared=False)
+        for f, v in zip(keys, where.values(), strict=True)
+    ]
+    # Table and column names come from the model, quoted; values are parameters.
+    sql = f"UPDATE {qn(meta.db_table)} SET {sets} WHERE {conditions}"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
