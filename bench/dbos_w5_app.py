@@ -62,6 +62,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "start":
         for i in range(200):
             DBOS.start_workflow(w5, i)
+        print("started", flush=True)
         time.sleep(600)
     else:
         deadline = time.monotonic() + 240

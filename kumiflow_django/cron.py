@@ -14,7 +14,6 @@ first occurrence.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 from collections.abc import Iterator
@@ -130,7 +129,7 @@ def _record(
         created_at=clock.now(),
     )
     before = None if schedule is None else rowsql.snapshot(schedule)
-    updated = apply(copy.deepcopy(schedule), event)
+    updated = apply(schedule, event)  # the reducer reassigns fields: ``before`` stays intact
     eventstore.insert([event])
     if before is None:
         updated.save(force_insert=True)

@@ -7,7 +7,6 @@ the run row through the projection, like every other change of a run.
 
 from __future__ import annotations
 
-import copy
 import logging
 import uuid
 from typing import Any
@@ -47,7 +46,7 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
 
 
 def _append(run: WorkflowRun, type_: str, payload: dict[str, Any]) -> WorkflowRun:
-    segment = Segment(run.id, run.tenant_id, copy.deepcopy(run))
+    segment = Segment(run.id, run.tenant_id, run)
     segment.add(type_, payload)
     return segment.persist()
 

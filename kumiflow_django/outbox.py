@@ -240,8 +240,6 @@ def record(dispatch: Dispatch, type_: str, payload: dict[str, Any]) -> Dispatch:
     Call inside a transaction. A concurrent writer makes this raise
     ``IntegrityError`` (the stream version is taken) or ``Conflict``.
     """
-    import copy
-
     from kumiflow_django import clock, eventstore, rowsql
     from kumiflow_django.engine import Conflict
 
@@ -257,7 +255,7 @@ def record(dispatch: Dispatch, type_: str, payload: dict[str, Any]) -> Dispatch:
         created_at=clock.now(),
     )
     before = rowsql.snapshot(dispatch)
-    updated = apply(copy.deepcopy(dispatch), event)
+    updated = apply(dispatch, event)  # the reducer reassigns fields: ``before`` stays intact
     eventstore.insert([event])
     where = {"id": dispatch.pk, "version": base}
     if not rowsql.update_changed(updated, before, where=where, using="default"):

@@ -187,13 +187,15 @@ def continue_run(
         }
     try:
         with transaction.atomic():
-            segment = Segment(run.id, run.tenant_id, copy.deepcopy(run))
+            # The segment applies its events to ``run`` itself; a failure
+            # re-reads the row (still locked) instead of keeping a copy.
+            segment = Segment(run.id, run.tenant_id, run)
             segment.add(ev.STEP_RESUMED, resumed)
             advance(segment, workflow, trigger, cursor=cursor, state=state, wake=actual)
             updated = segment.persist()
     except Failure as failure:
         logger.warning("run %s of %s failed: %s", run.id, run.workflow, failure)
-        return _fail(run, failure, resumed=resumed)
+        return _fail(WorkflowRun.objects.get(pk=run.pk), failure, resumed=resumed)
     except (IntegrityError, Conflict):
         logger.info("run %s: another worker resumed it first; skipped", run.id)
         return None
@@ -209,7 +211,7 @@ def _fail(
 ) -> WorkflowRun | None:
     try:
         with transaction.atomic():
-            segment = Segment(run.id, run.tenant_id, copy.deepcopy(run))
+            segment = Segment(run.id, run.tenant_id, run)
             if resumed:
                 payload = resumed if isinstance(resumed, dict) else {"cursor": run.cursor}
                 segment.add(ev.STEP_RESUMED, dict(payload))
@@ -285,7 +287,7 @@ def mark_matched(run_id: uuid.UUID, event: Event) -> None:
             return
         try:
             with transaction.atomic():
-                segment = Segment(run.id, run.tenant_id, copy.deepcopy(run))
+                segment = Segment(run.id, run.tenant_id, run)
                 segment.add(
                     ev.EVENT_MATCHED,
                     {"event": {"position": event.position, "event_id": str(event.event_id)}},

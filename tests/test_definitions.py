@@ -161,3 +161,26 @@ def test_bad_options_raise(registry):
         define_workflow("y", steps=[], idempotency_key=lambda a, b: "k")  # type: ignore[arg-type,misc]
     with pytest.raises(WorkflowDefinitionError, match="steps must be a list"):
         define_workflow("z", steps=s.return_(1))  # type: ignore[arg-type]
+
+
+def test_manage_py_check_reports_an_invalid_definition():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "SHOP_BROKEN_CRON": "1", "DATABASE_URL": "sqlite:///:memory:"}
+    result = subprocess.run(
+        [sys.executable, str(root / "manage.py"), "check"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert (
+        "WorkflowDefinitionError: workflow 'broken-cron', trigger: "
+        "invalid cron expression '61 25 * * *'"
+    ) in result.stderr

@@ -121,3 +121,7 @@ if settings.SHOP_CRON_EVERY_SECOND:
         trigger=on_cron("* * * * * *", misfire="all", max_catch_up=1000),
         steps=[s.return_(lambda ctx: ctx.event.payload["scheduled_for"])],
     )
+
+if settings.SHOP_BROKEN_CRON:
+    # Only for the test that `manage.py check` reports an invalid definition.
+    define_workflow("broken-cron", trigger=on_cron("61 25 * * *"), steps=[])
