@@ -217,12 +217,15 @@ def w5(db: str) -> dict[str, Any]:
         "BENCH_EFFECTS": str(effects),
     }
     script = [sys.executable, str(ROOT / "bench" / "dbos_w5_app.py")]
-    first = subprocess.Popen([*script, "start"], env=env, cwd=ROOT)
+    first = subprocess.Popen(
+        [*script, "start"], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert first.stdout is not None
+    while first.stdout.readline().strip() not in ("started", ""):
+        pass  # until "started": all 200 are recorded before the kill
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (
-        not effects.exists() or len(effects.read_text().splitlines()) < 200
-    ):
-        time.sleep(0.05)
+    while time.monotonic() < deadline and len(receiver.keys) < 100:
+        time.sleep(0.05)  # mid-way: about half of the webhooks delivered
     first.send_signal(signal.SIGKILL)
     first.wait()
     second = subprocess.run(
@@ -256,7 +259,8 @@ def _sleepers(db: str, n: int) -> dict[str, float]:
     )
     try:
         assert proc.stdout is not None
-        proc.stdout.readline()  # "started"
+        while proc.stdout.readline().strip() not in ("started", ""):
+            pass
         time.sleep(8)
         return proc_status(proc.pid)
     finally:
