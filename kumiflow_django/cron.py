@@ -22,7 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from kumiflow_django import clock, eventstore, rowsql
@@ -33,6 +33,7 @@ from kumiflow_django.definition import CronTrigger
 from kumiflow_django.durations import isoformat, parse_instant
 from kumiflow_django.engine import Conflict
 from kumiflow_django.exceptions import UnknownWorkflow
+from kumiflow_django.locking import for_update
 from kumiflow_django.models.cron import CronSchedule
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import FINISHED, WorkflowRun
@@ -199,12 +200,7 @@ def _lock(workflow: str, version: int | None, *, skip_locked: bool) -> CronSched
     qs = CronSchedule.objects.filter(pk=workflow)
     if version is not None:
         qs = qs.filter(version=version)
-    features = connection.features
-    if features.has_select_for_update:
-        qs = qs.select_for_update(
-            skip_locked=skip_locked and features.has_select_for_update_skip_locked
-        )
-    return qs.first()
+    return for_update(qs, skip_locked=skip_locked).first()
 
 
 def _active_run(workflow: str) -> bool:

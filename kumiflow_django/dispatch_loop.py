@@ -19,7 +19,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 
 from kumiflow_django import clock
 from kumiflow_django import run_events as ev
@@ -28,6 +28,7 @@ from kumiflow_django.conf import settings
 from kumiflow_django.delivery_errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.durations import isoformat
 from kumiflow_django.engine import Conflict
+from kumiflow_django.locking import for_update
 from kumiflow_django.loop import Loop
 from kumiflow_django.models.dispatch import DELIVERABLE, Dispatch
 from kumiflow_django.outbox import get_dispatch_kind, record
@@ -37,12 +38,7 @@ logger = logging.getLogger("kumiflow_django.dispatch")
 
 def _lock(dispatch_id: uuid.UUID, version: int, *, skip_locked: bool) -> Dispatch | None:
     qs = Dispatch.objects.filter(pk=dispatch_id, version=version)
-    features = connection.features
-    if features.has_select_for_update:
-        qs = qs.select_for_update(
-            skip_locked=skip_locked and features.has_select_for_update_skip_locked
-        )
-    return qs.first()
+    return for_update(qs, skip_locked=skip_locked).first()
 
 
 def _claim(dispatch_id: uuid.UUID, version: int) -> Dispatch | None:

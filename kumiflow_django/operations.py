@@ -11,13 +11,14 @@ import logging
 import uuid
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from kumiflow_django import run_events as ev
 from kumiflow_django import wakeups
 from kumiflow_django.context import new_state
 from kumiflow_django.engine import Segment
 from kumiflow_django.exceptions import InvalidRunState, RunNotFound
+from kumiflow_django.locking import for_update
 from kumiflow_django.models.dispatch import DELIVERABLE, Dispatch
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import FINISHED, RunStatus, WorkflowRun
@@ -37,9 +38,7 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
     qs = WorkflowRun.objects.filter(pk=run_id)
     if tenant is not None:
         qs = qs.filter(tenant_id=tenant)
-    if connection.features.has_select_for_update:
-        qs = qs.select_for_update()
-    run = qs.first()
+    run = for_update(qs).first()
     if run is None:
         raise RunNotFound(f"no run {run_id}" + (f" in tenant {tenant!r}" if tenant else ""))
     return run

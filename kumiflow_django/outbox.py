@@ -276,14 +276,10 @@ _builtin_kinds()
 
 
 def _locked(dispatch_id: uuid.UUID | str) -> Dispatch:
-    from django.db import connection
-
     from kumiflow_django.exceptions import DispatchNotFound
+    from kumiflow_django.locking import for_update
 
-    qs = Dispatch.objects.filter(pk=dispatch_id)
-    if connection.features.has_select_for_update:
-        qs = qs.select_for_update()
-    dispatch = qs.first()
+    dispatch = for_update(Dispatch.objects.filter(pk=dispatch_id)).first()
     if dispatch is None:
         raise DispatchNotFound(f"no dispatch {dispatch_id}")
     return dispatch

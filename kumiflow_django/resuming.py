@@ -25,6 +25,7 @@ from kumiflow_django.conf import settings
 from kumiflow_django.context import TriggerEvent, Wake, check_state
 from kumiflow_django.definition import Workflow
 from kumiflow_django.engine import Conflict, Failure, Segment, advance, record_failure
+from kumiflow_django.locking import for_update
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.outbox import OUTCOME_TYPES, SETTLED
@@ -46,12 +47,7 @@ def awaited_as(event_type: str) -> list[str]:
 
 
 def lock_run(run_id: uuid.UUID, *, skip_locked: bool) -> WorkflowRun | None:
-    qs = WorkflowRun.objects.filter(pk=run_id)
-    features = connection.features
-    if features.has_select_for_update:
-        skip = skip_locked and features.has_select_for_update_skip_locked
-        qs = qs.select_for_update(skip_locked=skip)
-    return qs.first()
+    return for_update(WorkflowRun.objects.filter(pk=run_id), skip_locked=skip_locked).first()
 
 
 def resume_run(
@@ -260,9 +256,7 @@ def wake_waiters(event: Event) -> None:
     if qs is not None:
         if settings.EVENT_WAKE == "inline":
             # Lock and read the waiting runs in one statement, then resume each.
-            if connection.features.has_select_for_update:
-                qs = qs.select_for_update()
-            for run in qs:
+            for run in for_update(qs):
                 if satisfies(run, event):
                     continue_run(run, Wake("event", event))
         else:

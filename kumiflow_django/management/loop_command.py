@@ -118,13 +118,19 @@ class LoopCommand(BaseCommand):
             handled = loop.run_once()
             logger.info("%s: %d handled", loop.name, handled)
             return
-        limit_idle_transactions(settings.LEASE_SECONDS)
-        install_signal_handlers(loop.stop)
-        listener = PgListener() if connection.vendor == "postgresql" else None
+        run_until_signalled(loop.run_forever, loop.stop)
+
+
+def run_until_signalled(run: Callable[[], None], stop: Callable[[], None]) -> None:
+    """Run a loop (or the worker) the way every command does: idle transactions
+    limited to the lease, signals handled, PostgreSQL notifications relayed."""
+    limit_idle_transactions(settings.LEASE_SECONDS)
+    install_signal_handlers(stop)
+    listener = PgListener() if connection.vendor == "postgresql" else None
+    if listener is not None:
+        listener.start()
+    try:
+        run()
+    finally:
         if listener is not None:
-            listener.start()
-        try:
-            loop.run_forever()
-        finally:
-            if listener is not None:
-                listener.stop()
+            listener.stop()

@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
 
 from kumiflow_django.conf import settings
-from kumiflow_django.loop import PgListener, limit_idle_transactions
 from kumiflow_django.management.loop_command import (
     configure_logging,
-    install_signal_handlers,
     positive_float,
     positive_int,
+    run_until_signalled,
 )
 from kumiflow_django.worker import Worker
 
@@ -68,15 +66,6 @@ class Command(BaseCommand):
             for name, handled in worker.run_once().items():
                 self.stdout.write(f"{name}: {handled}")
             return
-        limit_idle_transactions(settings.LEASE_SECONDS)
-        install_signal_handlers(worker.stop)
-        listener = PgListener() if connection.vendor == "postgresql" else None
-        if listener is not None:
-            listener.start()
-        try:
-            worker.run()
-        finally:
-            if listener is not None:
-                listener.stop()
+        run_until_signalled(worker.run, worker.stop)
         if worker.crashed:
             raise CommandError("a loop crashed (see the log); the worker stopped")
