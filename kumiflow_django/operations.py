@@ -35,7 +35,11 @@ WAKEABLE = (RunStatus.WAITING, RunStatus.WAITING_EVENT, RunStatus.RETRY_SCHEDULE
 
 
 def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
-    qs = WorkflowRun.objects.filter(pk=run_id)
+    try:
+        pk = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    except ValueError:
+        raise RunNotFound(f"{run_id!r} is not a run id") from None
+    qs = WorkflowRun.objects.filter(pk=pk)
     if tenant is not None:
         qs = qs.filter(tenant_id=tenant)
     run = for_update(qs).first()

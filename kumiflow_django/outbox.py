@@ -279,7 +279,11 @@ def _locked(dispatch_id: uuid.UUID | str) -> Dispatch:
     from kumiflow_django.exceptions import DispatchNotFound
     from kumiflow_django.locking import for_update
 
-    dispatch = for_update(Dispatch.objects.filter(pk=dispatch_id)).first()
+    try:
+        pk = dispatch_id if isinstance(dispatch_id, uuid.UUID) else uuid.UUID(str(dispatch_id))
+    except ValueError:
+        raise DispatchNotFound(f"{dispatch_id!r} is not a dispatch id") from None
+    dispatch = for_update(Dispatch.objects.filter(pk=pk)).first()
     if dispatch is None:
         raise DispatchNotFound(f"no dispatch {dispatch_id}")
     return dispatch

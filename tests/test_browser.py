@@ -73,6 +73,11 @@ def shop(registry, clock):
 
 
 def test_open_a_failed_run_read_its_timeline_retry_it_and_see_it_complete(page, live_server, shop):
+    if os.environ.get("KUMIFLOW_UPDATE_SCREENSHOTS"):
+        page.set_viewport_size({"width": 1280, "height": 560})
+        page.goto(f"{live_server.url}/admin/kumiflow/workflowrun/")
+        page.screenshot(path=str(SCREENSHOT.with_name("run-list.png")))
+        page.set_viewport_size({"width": 1280, "height": 1600})
     page.goto(f"{live_server.url}/admin/kumiflow/workflowrun/?status=failed")
     page.click(f"text={str(shop['failed'].pk)[:8]}")
     timeline = page.inner_text(".kf-timeline")

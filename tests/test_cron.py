@@ -209,3 +209,16 @@ def test_a_changed_expression_is_recomputed(registry, clock):
         "0 12 * * *",
         at("2025-06-01T12:00:00+00:00"),
     )
+
+
+def test_the_shops_daily_report_fires_at_nine_and_requests_its_webhook_B21(clock):
+    from tests.helpers import dispatches, types
+
+    clock.set(at("2025-05-31T08:00:00+00:00"))
+    tick()
+    clock.set(at("2025-06-01T09:01:00+00:00"))
+    assert tick() == 1
+    run = WorkflowRun.objects.get(workflow="daily-report")
+    assert types(run) == ["run-started", "run-completed"]
+    [webhook] = dispatches(run)
+    assert webhook.request["body"] == {"ts": "2025-06-01T09:00:00Z"}

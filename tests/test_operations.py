@@ -177,3 +177,21 @@ def test_retry_on_the_current_definition_after_a_definition_change(registry, clo
     run_until_idle()
     run.refresh_from_db()
     assert (run.status, run.result) == (RunStatus.COMPLETED, "new")
+
+
+def test_the_kumiflow_run_command(registry, clock, capsys):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    define_workflow("slow", steps=[s.wait("P1D"), s.return_("woke")])
+    run = start_workflow("slow")
+    call_command("kumiflow_run", "wake", str(run.id))
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.result == "woke"
+    assert f"{run.id}: wake done" in capsys.readouterr().out
+
+    with pytest.raises(CommandError, match="2 of 2 run"):
+        call_command("kumiflow_run", "cancel", str(run.id), "not-a-uuid", "--reason", "x")
+    err = capsys.readouterr().err
+    assert "is completed" in err and "'not-a-uuid' is not a run id" in err

@@ -58,7 +58,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "workflow",
         "status_badge",
         "tenant_id",
-        "cursor_text",
+        "at_step",
         "attempt",
         "waiting_for",
         "started_at",
@@ -80,6 +80,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: WorkflowRun) -> SafeString:
         return badge(run.status, run.get_status_display())
+
+    @admin.display(description="at step")
+    def at_step(self, run: WorkflowRun) -> str:
+        return run.cursor_text
 
     @admin.display(description="waiting for")
     def waiting_for(self, run: WorkflowRun) -> str:
