@@ -81,6 +81,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "TASKS_BACKEND": ("kumiflow.E011", _optional_str, "None or a TASKS alias"),
     "ADMIN_PAYLOAD_CHARS": ("kumiflow.E012", _positive_int, "a positive integer"),
     "CRON_MISFIRE_GRACE": ("kumiflow.E013", _positive_number, "a positive number of seconds"),
+    "RESUME_THREADS": ("kumiflow.E017", _positive_int, "a positive integer"),
 }
 
 

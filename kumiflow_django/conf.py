@@ -26,6 +26,9 @@ class KumiflowSettings:
     MAX_START_DEPTH: int = 8
     #: Largest number of runs the resume loop claims per batch.
     RESUME_BATCH_SIZE: int = 100
+    #: Threads (each with its own connection) that resume runs in one worker;
+    #: 1 on SQLite whatever this says.
+    RESUME_THREADS: int = 4
     #: Longest sleep of a loop between two polls, in seconds.
     MAX_INTERVAL: float = 5.0
     #: Seconds a worker may hold a run's segment (and a dispatch's delivery) before

@@ -88,8 +88,12 @@ class Loop:
                 self._wake.clear()
         finally:
             wakeups.unsubscribe(self.notify)
+            self.close()
             close_old_connections()
             logger.info("%s loop stopped", self.name)
+
+    def close(self) -> None:
+        """Release what the loop holds besides this thread's connection."""
 
 
 class PgListener(threading.Thread):

@@ -19,9 +19,11 @@ import os
 import secrets
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Q
 
 from kumiflow_django import clock
@@ -60,10 +62,22 @@ class ResumeLoop(Loop):
     kinds = ("resume",)
 
     def __init__(
-        self, *, worker_id: str | None = None, batch_size: int = 100, max_interval: float = 5.0
+        self,
+        *,
+        worker_id: str | None = None,
+        batch_size: int = 100,
+        max_interval: float = 5.0,
+        threads: int | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, max_interval=max_interval)
         self.worker_id = worker_id or default_worker_id()
+        self.threads = threads or settings.RESUME_THREADS
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _parallel(self) -> bool:
+        # SQLite lets one writer in at a time: threads would only queue for it.
+        # Inside a transaction (a test), other connections would not see its data.
+        return self.threads > 1 and connection.vendor != "sqlite" and not connection.in_atomic_block
 
     def _claim(self, chunk: list[Due], now: datetime) -> list[tuple[uuid.UUID, int, Any]]:
         """Lease a few due runs in one statement; return those now leased to us,
@@ -92,34 +106,55 @@ class ResumeLoop(Loop):
         )
 
     def run_once(self) -> int:
-        resumed = 0
         now = clock.now()
         due = due_runs(now, self.batch_size)
-        for start in range(0, len(due), CLAIM_CHUNK):
-            for run_id, version, recovered in self._claim(due[start : start + CLAIM_CHUNK], now):
-                if self.stopping:
-                    self._release(run_id)
-                    continue
-                if recovered:
-                    logger.warning(
-                        "run %s: taking over from %s, whose lease expired",
-                        run_id,
-                        recovered["from"],
-                    )
-                try:
-                    run = resume_run(
-                        run_id, skip_locked=True, expected_version=version, recovered=recovered
-                    )
-                except Exception:
-                    # A database error (not a step error: those fail the run). The
-                    # transaction was rolled back; the run stays due and is retried.
-                    logger.exception("run %s: resume failed; it stays due", run_id)
-                    run = None
-                if run is None:
-                    self._release(run_id)
-                else:
-                    resumed += 1
+        chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
+        if not self._parallel() or len(chunks) < 2:
+            return sum(self._work(chunk, now) for chunk in chunks)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
+        return sum(self._pool.map(self._work_in_thread, chunks, [now] * len(chunks)))
+
+    def _work_in_thread(self, chunk: list[Due], now: datetime) -> int:
+        # Each pool thread keeps its own connection; drop it if it broke.
+        broken = connection.connection is not None and connection.errors_occurred
+        if broken and not connection.is_usable():
+            connection.close()
+        return self._work(chunk, now)
+
+    def _work(self, chunk: list[Due], now: datetime) -> int:
+        """Lease a chunk of due runs and resume them one after the other."""
+        resumed = 0
+        for run_id, version, recovered in self._claim(chunk, now):
+            if self.stopping:
+                self._release(run_id)
+                continue
+            if recovered:
+                logger.warning(
+                    "run %s: taking over from %s, whose lease expired", run_id, recovered["from"]
+                )
+            try:
+                run = resume_run(
+                    run_id, skip_locked=True, expected_version=version, recovered=recovered
+                )
+            except Exception:
+                # A database error (not a step error: those fail the run). The
+                # transaction was rolled back; the run stays due and is retried.
+                logger.exception("run %s: resume failed; it stays due", run_id)
+                run = None
+            if run is None:
+                self._release(run_id)
+            else:
+                resumed += 1
         return resumed
+
+    def close(self) -> None:
+        """Stop the pool threads and close their connections."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            for _ in range(self.threads):
+                pool.submit(connection.close)
+            pool.shutdown(wait=True)
 
     def next_due(self) -> datetime | None:
         return (

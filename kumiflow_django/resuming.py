@@ -66,21 +66,55 @@ def resume_run(
     Returns the run after its segment, or None when there was nothing to do:
     not due, already resumed by someone else, locked by another worker.
     """
-    # Inside a caller's transaction (an appended event waking a run) no
-    # savepoint is needed here: continue_run keeps its own around the steps.
-    block = nullcontext() if connection.in_atomic_block else transaction.atomic()
-    with block:
-        run = lock_run(run_id, skip_locked=skip_locked)
-        if run is None or run.status not in SUSPENDED:
+    if connection.in_atomic_block:
+        # Inside a caller's transaction (an appended event waking a run): the
+        # segment gets a savepoint, so a failing step leaves the caller's work.
+        return _resume_locked(run_id, wake, skip_locked, expected_version, recovered, True)
+    # Our own transaction: a failing segment rolls all of it back, and the
+    # failure is recorded in a second one (no savepoint on the common path).
+    try:
+        with transaction.atomic():
+            return _resume_locked(run_id, wake, skip_locked, expected_version, recovered, False)
+    except SegmentFailed as failed:
+        with transaction.atomic():
+            run = lock_run(run_id, skip_locked=False)
+            if run is None or run.version != failed.version:
+                return None  # someone else moved the run on meanwhile
+            return _fail(run, failed.failure, resumed=failed.resumed)
+    except (IntegrityError, Conflict):
+        logger.info("run %s: another worker resumed it first; skipped", run_id)
+        return None
+
+
+def _resume_locked(
+    run_id: uuid.UUID,
+    wake: Wake | None,
+    skip_locked: bool,
+    expected_version: int | None,
+    recovered: dict[str, Any] | None,
+    savepoint: bool,
+) -> WorkflowRun | None:
+    run = lock_run(run_id, skip_locked=skip_locked)
+    if run is None or run.status not in SUSPENDED:
+        return None
+    if expected_version is not None and run.version != expected_version:
+        return None
+    if wake is not None and wake.reason == "event":
+        if not satisfies(run, wake.event):
             return None
-        if expected_version is not None and run.version != expected_version:
-            return None
-        if wake is not None and wake.reason == "event":
-            if not satisfies(run, wake.event):
-                return None
-        elif run.wake_at is None or run.wake_at > clock.now():
-            return None
-        return continue_run(run, wake, recovered=recovered)
+    elif run.wake_at is None or run.wake_at > clock.now():
+        return None
+    return continue_run(run, wake, recovered=recovered, savepoint=savepoint)
+
+
+class SegmentFailed(Exception):
+    """Carries a failed segment out of the transaction it rolls back."""
+
+    def __init__(self, failure: Failure, resumed: dict[str, Any], version: int) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+        self.resumed = resumed
+        self.version = version
 
 
 def satisfies(run: WorkflowRun, event: Event) -> bool:
@@ -153,9 +187,18 @@ def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
 
 
 def continue_run(
-    run: WorkflowRun, wake: Wake | None, *, recovered: dict[str, Any] | None = None
+    run: WorkflowRun,
+    wake: Wake | None,
+    *,
+    recovered: dict[str, Any] | None = None,
+    savepoint: bool = True,
 ) -> WorkflowRun | None:
-    """Run the next segment of a locked, suspended run."""
+    """Run the next segment of a locked, suspended run.
+
+    With ``savepoint=False`` the caller owns the transaction: a failing step
+    raises :class:`SegmentFailed` through it (rolling it back) instead of
+    rolling back to a savepoint here.
+    """
     workflow = _definition(run)
     if isinstance(workflow, Failure):
         return _fail(run, workflow, resumed=False)
@@ -181,18 +224,23 @@ def continue_run(
             "position": actual.event.position,
             "event_id": str(actual.event.event_id),
         }
+    version = run.version
     try:
-        with transaction.atomic():
+        with transaction.atomic() if savepoint else nullcontext():
             # The segment applies its events to ``run`` itself; a failure
-            # re-reads the row (still locked) instead of keeping a copy.
+            # re-reads the row instead of keeping a copy.
             segment = Segment(run.id, run.tenant_id, run)
             segment.add(ev.STEP_RESUMED, resumed)
             advance(segment, workflow, trigger, cursor=cursor, state=state, wake=actual)
             updated = segment.persist()
     except Failure as failure:
         logger.warning("run %s of %s failed: %s", run.id, run.workflow, failure)
+        if not savepoint:
+            raise SegmentFailed(failure, resumed, version) from failure
         return _fail(WorkflowRun.objects.get(pk=run.pk), failure, resumed=resumed)
     except (IntegrityError, Conflict):
+        if not savepoint:
+            raise
         logger.info("run %s: another worker resumed it first; skipped", run.id)
         return None
     from kumiflow_django.starting import after_segment

@@ -73,7 +73,7 @@ def run_until_idle(
     """Run the loops until nothing is due at the clock's current time."""
     from kumiflow_django.resume_loop import ResumeLoop
 
-    loops: list[tuple[str, object]] = [("resumed", ResumeLoop(batch_size=500))]
+    loops: list[tuple[str, object]] = [("resumed", ResumeLoop(batch_size=500, threads=1))]
     if dispatch:
         from kumiflow_django.dispatch_loop import DispatchLoop
 

@@ -45,6 +45,8 @@ def test_the_default_configuration_passes_the_checks():
         ("WEBHOOK_TIMEOUT", (5,), "kumiflow.E010"),
         ("TASKS_BACKEND", 3, "kumiflow.E011"),
         ("ADMIN_PAYLOAD_CHARS", 0, "kumiflow.E012"),
+        ("CRON_MISFIRE_GRACE", 0, "kumiflow.E013"),
+        ("RESUME_THREADS", 0, "kumiflow.E017"),
     ],
 )
 def test_each_bad_setting_has_its_own_error(name, value, check_id):
