@@ -144,3 +144,29 @@ def _check_tasks_backend(alias: str) -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+@checks.register(checks.Tags.database)
+def check_sqlite_transactions(**kwargs: Any) -> list[checks.CheckMessage]:
+    """SQLite must start write transactions IMMEDIATE: the engine relies on one
+    writer at a time there (and DEFERRED ones deadlock a worker and a web process)."""
+    return sqlite_warnings(django_settings.DATABASES)
+
+
+def sqlite_warnings(databases: Mapping[str, Any]) -> list[checks.CheckMessage]:
+    warnings: list[checks.CheckMessage] = []
+    for alias, config in databases.items():
+        if config.get("ENGINE") != "django.db.backends.sqlite3":
+            continue
+        mode = (config.get("OPTIONS") or {}).get("transaction_mode")
+        if mode not in ("IMMEDIATE", "EXCLUSIVE"):
+            warnings.append(
+                checks.Warning(
+                    f"The SQLite database {alias!r} does not use IMMEDIATE transactions.",
+                    hint='Set DATABASES[...]["OPTIONS"]["transaction_mode"] = "IMMEDIATE" '
+                    "(Django 5.1+); see the installation docs.",
+                    id="kumiflow.W002",
+                    obj=alias,
+                )
+            )
+    return warnings

@@ -60,3 +60,18 @@ def test_a_misspelt_setting_is_a_warning():
     with override_settings(KUMIFLOW_EVENT_WAKEUP="worker"):
         messages = check_settings()
     assert ids(messages) == ["kumiflow.W001"]
+
+
+def test_sqlite_without_immediate_transactions_is_a_warning():
+    from kumiflow_django.checks import sqlite_warnings
+
+    databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"}}
+    assert ids(sqlite_warnings(databases)) == ["kumiflow.W002"]
+    immediate = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": "x.sqlite3",
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        }
+    }
+    assert sqlite_warnings(immediate) == []
