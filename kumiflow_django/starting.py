@@ -59,13 +59,22 @@ def start_workflow(
     if not isinstance(data, dict):
         raise InvalidEvent(f"the payload of {name!r} must be a mapping")
     trigger = TriggerEvent(type="manual", payload=data, tenant_id=tenant_id)
+    key = idempotency_key
+    if key is None:
+        try:
+            key = _resolve_key(workflow, trigger)
+        except Exception as exc:
+            raise InvalidEvent(
+                f"the idempotency key of {name!r} cannot be resolved from the payload: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
     with transaction.atomic():
         since = Event.objects.aggregate(m=Max("position"))["m"] or 0
         return start_run(
             workflow,
             trigger=trigger,
             tenant=tenant_id,
-            key=idempotency_key,
+            key=key,
             since=since,
             input_=data,
         )

@@ -249,3 +249,16 @@ def test_run_events_are_reserved_for_the_engine():
     with pytest.raises(InvalidEvent, match="reserved"):
         append_event("x", "kumiflow.workflow.run-completed")
     assert not Dispatch.objects.exists()
+
+
+def test_a_manual_start_uses_the_workflows_own_key(registry):
+    define_workflow(
+        "keyed-by-payload",
+        idempotency_key=lambda event: f"export:{event.payload['month']}",
+        steps=[],
+    )
+    first = start_workflow("keyed-by-payload", payload={"month": "2026-11"})
+    assert first.idempotency_key == "export:2026-11"
+    assert start_workflow("keyed-by-payload", payload={"month": "2026-11"}).id == first.id
+    with pytest.raises(InvalidEvent, match="cannot be resolved from the payload: KeyError"):
+        start_workflow("keyed-by-payload", payload={})
