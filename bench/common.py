@@ -30,14 +30,19 @@ def recreate_pg_database(name: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def fresh_sqlite(filename: str) -> Path:
+    """The path of a SQLite database file that does not exist (yet)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / filename
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return path
+
+
 def database_url(db: str, name: str) -> str:
     """A fresh database for one workload."""
     if db == "sqlite":
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        path = RESULTS / f"{name}.sqlite3"
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        return f"sqlite:///{path}"
+        return f"sqlite:///{fresh_sqlite(name + '.sqlite3')}"
     recreate_pg_database(name)
     return pg_url(name)
 

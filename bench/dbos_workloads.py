@@ -11,13 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from bench.common import (
     RESULTS,
     ROOT,
     Receiver,
+    fresh_sqlite,
     median,
     percentile,
     proc_status,
@@ -27,11 +27,7 @@ from bench.common import (
 
 def system_url(db: str, name: str) -> str:
     if db == "sqlite":
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        path = RESULTS / f"{name}.sqlite"
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        return f"sqlite:///{path}"
+        return f"sqlite:///{fresh_sqlite(name + '.sqlite')}"
     recreate_pg_database(name)
     return f"postgresql://postgres@127.0.0.1:5432/{name}"
 
