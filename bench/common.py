@@ -116,3 +116,14 @@ class Receiver:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+
+def idle_scale(small: dict[str, float], large: dict[str, float]) -> dict[str, Any]:
+    """W6's result from /proc readings with 200 and with 20,000 sleeping runs."""
+    return {
+        "worker_rss_mb_200": round(small["VmHWM"], 1),
+        "worker_rss_mb_20000": round(large["VmHWM"], 1),
+        "worker_threads_200": int(small["Threads"]),
+        "worker_threads_20000": int(large["Threads"]),
+        "memory_growth": round(large["VmHWM"] / small["VmHWM"] - 1, 3),
+    }

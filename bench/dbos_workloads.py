@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -18,6 +17,7 @@ from bench.common import (
     ROOT,
     Receiver,
     fresh_sqlite,
+    idle_scale,
     median,
     percentile,
     proc_status,
@@ -269,14 +269,7 @@ def w6(db: str) -> dict[str, Any]:
         return SQLITE_SKIP
     small = _sleepers(db, 200)
     large = _sleepers(db, 20_000)
-    return {
-        "worker_rss_mb_200": round(small["VmHWM"], 1),
-        "worker_rss_mb_20000": round(large["VmHWM"], 1),
-        "worker_threads_200": int(small["Threads"]),
-        "worker_threads_20000": int(large["Threads"]),
-        "memory_growth": round(large["VmHWM"] / small["VmHWM"] - 1, 3),
-    }
+    return idle_scale(small, large)
 
 
 WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6}
-_ = threading  # the DBOS executor runs workflows in threads

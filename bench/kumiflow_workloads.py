@@ -10,7 +10,16 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bench.common import ROOT, Receiver, database_url, median, percentile, proc_status, setup_django
+from bench.common import (
+    ROOT,
+    Receiver,
+    database_url,
+    idle_scale,
+    median,
+    percentile,
+    proc_status,
+    setup_django,
+)
 
 
 def _spawn_worker(url: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -317,13 +326,7 @@ def w6(db: str) -> dict[str, Any]:
     small = _sleeping(url, 200)
     WorkflowRun.objects.all().delete()
     large = _sleeping(url, 20_000)
-    return {
-        "worker_rss_mb_200": round(small["VmHWM"], 1),
-        "worker_rss_mb_20000": round(large["VmHWM"], 1),
-        "worker_threads_200": int(small["Threads"]),
-        "worker_threads_20000": int(large["Threads"]),
-        "memory_growth": round(large["VmHWM"] / small["VmHWM"] - 1, 3),
-    }
+    return idle_scale(small, large)
 
 
 WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6}
