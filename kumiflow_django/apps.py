@@ -11,14 +11,17 @@ class KumiflowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
         from kumiflow_django import (
             checks,  # noqa: F401  (registers the checks)
             steps,  # noqa: F401  (registers the step kinds)
         )
+        from kumiflow_django.immutability import register_sqlite_function
         from kumiflow_django.receivers import on_event_appended
         from kumiflow_django.signals import event_appended
 
         event_appended.connect(on_event_appended, dispatch_uid="kumiflow-engine")
+        connection_created.connect(register_sqlite_function, dispatch_uid="kumiflow-sqlite-permit")
         autodiscover_modules("workflows")

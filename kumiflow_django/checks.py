@@ -82,6 +82,8 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "ADMIN_PAYLOAD_CHARS": ("kumiflow.E012", _positive_int, "a positive integer"),
     "CRON_MISFIRE_GRACE": ("kumiflow.E013", _positive_number, "a positive number of seconds"),
     "RESUME_THREADS": ("kumiflow.E017", _positive_int, "a positive integer"),
+    "MAX_VALUE_BYTES": ("kumiflow.E018", _positive_int, "a positive integer (bytes)"),
+    "MAX_STATE_BYTES": ("kumiflow.E019", _positive_int, "a positive integer (bytes)"),
 }
 
 

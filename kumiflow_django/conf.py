@@ -51,6 +51,14 @@ class KumiflowSettings:
     CRON_MISFIRE_GRACE: float = 60.0
     #: Largest payload shown in the admin timeline, in characters.
     ADMIN_PAYLOAD_CHARS: int = 2000
+    #: Largest JSON value (an event's payload or metadata, a step's or a run's
+    #: result, a start input), in bytes of UTF-8 JSON. Larger ones are refused
+    #: where they enter, with a clear error.
+    MAX_VALUE_BYTES: int = 1_048_576
+    #: Largest state of a run (the results of its steps so far), in bytes of
+    #: JSON; a step whose result makes it larger fails the run. Every supported
+    #: database stores a row of this size with its default configuration.
+    MAX_STATE_BYTES: int = 4_194_304
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():

@@ -173,7 +173,14 @@ def _canonical_step(step: Step) -> dict[str, Any]:
     }
 
 
+#: Longest static step path (``0.do.2.then.1``): the outbox stores it.
+MAX_PATH_LENGTH = 200
+#: Longest step name (a ``wait_for_event``'s default name is its event type).
+MAX_NAME_LENGTH = 200
+
+
 def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
+    named: dict[str, tuple[Any, ...]] = {}
     for path, step in walk(steps):
         where = ".".join(map(str, path))
         if not isinstance(step, Step):
@@ -181,15 +188,48 @@ def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
                 f"workflow {name!r}, step {where}: {step!r} is not a step (use the builders "
                 "of kumiflow_django.steps)"
             )
+        if len(where) > MAX_PATH_LENGTH:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: steps are nested too deeply (path {where[:60]}… is longer "
+                f"than {MAX_PATH_LENGTH} characters)"
+            )
         try:
             kind = get_kind(step.kind)
             if len(path) > 1 and not kind.allowed_nested:
                 raise ValueError(f"{step.kind} is only allowed at the top level of a workflow")
             kind.validate(step)
+            _check_name(step.name)
         except (LookupError, ValueError, TypeError) as exc:
             raise WorkflowDefinitionError(
                 f"workflow {name!r}, step {where} ({step.kind}): {exc}"
             ) from exc
+        if step.name is not None and get_kind(step.kind).stores_result:
+            other = named.get(step.name)
+            if other is not None and not _exclusive(other, path):
+                raise WorkflowDefinitionError(
+                    f"workflow {name!r}: two steps store their result as {step.name!r} "
+                    f"(steps {'.'.join(map(str, other))} and {where}); give one another name="
+                )
+            named.setdefault(step.name, path)
+
+
+def _check_name(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"a step name must be a string of 1 to {MAX_NAME_LENGTH} characters: {value!r:.60}"
+        )
+    if not value.isprintable():
+        raise ValueError(f"a step name must not contain control characters: {value!r}")
+
+
+def _exclusive(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two step paths lie in the two arms of one ``branch`` (only one runs)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i % 2 == 1 and {x, y} == {"then", "else"}
+    return False
 
 
 def define_workflow(

@@ -28,6 +28,7 @@ from kumiflow_django.conf import settings
 from kumiflow_django.delivery_errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.durations import isoformat
 from kumiflow_django.engine import Conflict
+from kumiflow_django.jsonvalues import clean_text
 from kumiflow_django.locking import for_update
 from kumiflow_django.loop import Loop
 from kumiflow_django.models.dispatch import DELIVERABLE, Dispatch
@@ -75,13 +76,15 @@ def _attempt(dispatch: Dispatch) -> tuple[str, dict[str, Any]]:
     except DeliveryFailure as failure:
         error, status, retryable = str(failure), failure.status_code, failure.retryable
         retry_after = failure.retry_after
-    except Exception as exc:  # a bug or an unexpected library error: retried
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a bug, an unexpected library error, a SystemExit: retried
         logger.exception("dispatch %s: delivery raised", dispatch.id)
         error, status, retryable, retry_after = f"{type(exc).__name__}: {exc}", None, True, None
     else:
         status = result.get("status_code") if isinstance(result, dict) else None
         return ev.DISPATCHED, base | {"status_code": status}
-    error = error[:1000]
+    error = clean_text(error, 1000)
     policy = BackoffPolicy.from_mapping(dispatch.retry) if dispatch.retry else BackoffPolicy()
     if retryable and attempt < policy.attempts:
         delay = policy.delay(attempt)

@@ -24,12 +24,15 @@ def parse_duration(text: str) -> timedelta:
         raise ValueError(f"invalid ISO 8601 duration: {text!r} (expected e.g. 'P1D', 'PT1H30M')")
     g = {k: v for k, v in match.groupdict().items() if v is not None}
     days = int(g.get("Y", 0)) * 365 + int(g.get("Mo", 0)) * 30 + int(g.get("W", 0)) * 7
-    return timedelta(
-        days=days + int(g.get("D", 0)),
-        hours=int(g.get("H", 0)),
-        minutes=int(g.get("Mi", 0)),
-        seconds=float(g.get("S", 0)),
-    )
+    try:
+        return timedelta(
+            days=days + int(g.get("D", 0)),
+            hours=int(g.get("H", 0)),
+            minutes=int(g.get("Mi", 0)),
+            seconds=float(g.get("S", 0)),
+        )
+    except OverflowError:
+        raise ValueError(f"duration {text!r} is too long") from None
 
 
 def parse_instant(text: str) -> datetime:
@@ -52,6 +55,13 @@ def check_when(value: Any) -> None:
 
 def to_deadline(value: Any, now: datetime) -> datetime:
     """The instant a duration (from ``now``) or an absolute time stands for."""
+    try:
+        return _deadline(value, now)
+    except OverflowError:
+        raise ValueError(f"{value!r} lies beyond the year 9999") from None
+
+
+def _deadline(value: Any, now: datetime) -> datetime:
     if isinstance(value, timedelta):
         if value < timedelta(0):
             raise ValueError(f"a duration must not be negative: {value}")

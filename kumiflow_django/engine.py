@@ -10,16 +10,17 @@ outbox rows. Then ``event_appended`` is sent for each event.
 from __future__ import annotations
 
 import contextvars
-import copy
+import json
 import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, OperationalError
+from django.db import DEFAULT_DB_ALIAS
 
 from kumiflow_django import clock, eventstore, outbox, rowsql, runs
 from kumiflow_django import run_events as ev
+from kumiflow_django.conf import settings
 from kumiflow_django.context import (
     Context,
     ReturnValue,
@@ -29,10 +30,11 @@ from kumiflow_django.context import (
     Wake,
     path_text,
 )
+from kumiflow_django.dberrors import is_transient
 from kumiflow_django.definition import Workflow
 from kumiflow_django.durations import isoformat
 from kumiflow_django.exceptions import InvalidEvent
-from kumiflow_django.jsonvalues import to_json
+from kumiflow_django.jsonvalues import clean_text, dump, to_json
 from kumiflow_django.models.dispatch import Dispatch
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import WorkflowRun
@@ -64,13 +66,6 @@ class Failure(Exception):
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.error}"
-
-
-def is_transient(error: BaseException) -> bool:
-    """Database trouble that says nothing about the step (a lost connection, a
-    deadlock, a locked SQLite file): the transaction is retried, the run is
-    not failed."""
-    return isinstance(error, OperationalError)
 
 
 class Segment:
@@ -195,7 +190,9 @@ def advance(
             failure.describe(),
             exc_info=(type(failure.error), failure.error, failure.error.__traceback__),
         )
-        raise Failure(ev.STEP_FAILED, failure.describe(), failure.path, _trail(ctx)) from failure
+        raise Failure(
+            ev.STEP_FAILED, clean_text(failure.describe(), 1000), failure.path, _trail(ctx)
+        ) from failure
     finally:
         _depth.reset(token)
     segment.add_effects(ctx)
@@ -217,11 +214,23 @@ def _result(value: Any, ctx: Context) -> Any:
 
 def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
     info = suspend.info
-    payload: dict[str, Any] = {
-        "cursor": suspend.cursor,
-        "state": copy.deepcopy(ctx.state),
-        "trail": _trail(ctx),
-    }
+    try:
+        # The state is written twice (event and row): check it once, as a whole.
+        text = dump(
+            ctx.state,
+            "the run's state",
+            max_bytes=settings.MAX_STATE_BYTES,
+            setting="KUMIFLOW_MAX_STATE_BYTES",
+        )
+        state = json.loads(text)
+    except InvalidEvent as exc:
+        raise Failure(
+            ev.STATE_TOO_LARGE,
+            f"{exc} (step results are kept in the run's state; keep large data in your own tables)",
+            suspend.cursor,
+            _trail(ctx),
+        ) from exc
+    payload: dict[str, Any] = {"cursor": suspend.cursor, "state": state, "trail": _trail(ctx)}
     if suspend.kind == "timer":
         segment.add(ev.STEP_WAITING, payload | {"wake_at": isoformat(info["wake_at"])})
     elif suspend.kind == "event":
@@ -249,22 +258,3 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
             },
         )
     logger.debug("run %s suspended (%s) at %s", ctx.run.id, suspend.kind, path_text(suspend.cursor))
-
-
-def record_failure(segment: Segment, failure: Failure) -> None:
-    payload: dict[str, Any] = {
-        "error": failure.error,
-        "reason": failure.reason,
-        "trail": failure.trail or [],
-    }
-    if failure.cursor is not None:
-        payload["cursor"] = failure.cursor
-    segment.add(ev.RUN_FAILED, payload)
-
-
-def keyed_run_id(tenant: str, workflow: str, key: str) -> uuid.UUID:
-    """The run id of a keyed start: the same key gives the same run."""
-    return uuid.uuid5(_NAMESPACE, f"{tenant}|{workflow}|{key}")
-
-
-_NAMESPACE = uuid.UUID("6f1c1a4e-5b0d-4a8e-9d8e-2b7f3c1d9a10")

@@ -1,24 +1,34 @@
 """Appending to and reading from the event log.
 
-This module is the only write path of the log. Appends are checked before
-anything is written (type, payload, expected version, tenant), run in one
-transaction (a savepoint inside the caller's), and send ``event_appended``
-for every event once it is inserted, so receivers act in the same
-transaction.
+This module is the only write path of the log for applications. Appends are
+checked before anything is written (type, payload, stream, expected
+version, tenant), run in one transaction (a savepoint inside the caller's),
+and send ``event_appended`` for every event once it is inserted, so
+receivers act in the same transaction.
+
+Streams of runs, dispatches and cron schedules belong to the engine, which
+writes them through :func:`insert`; applications cannot append to them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 
 from kumiflow_django import clock, rowsql
+from kumiflow_django import run_events as ev
 from kumiflow_django.conf import settings
+from kumiflow_django.dberrors import is_version_clash
 from kumiflow_django.exceptions import InvalidEvent, TenantMismatch, VersionConflict
+from kumiflow_django.immutability import erasure_permit
 from kumiflow_django.jsonvalues import to_json
 from kumiflow_django.models.event import Event, EventQuerySet, _allow_writes
 from kumiflow_django.signals import event_appended
@@ -27,6 +37,17 @@ logger = logging.getLogger("kumiflow_django.eventstore")
 
 #: Event types under this prefix are written by the engine only.
 RESERVED_PREFIX = "kumiflow."
+#: Stream types of the engine's own streams (runs, dispatches, schedules).
+ENGINE_STREAM_TYPES = frozenset({ev.RUN_STREAM, ev.DISPATCH_STREAM, ev.CRON_STREAM})
+#: Stream ids the engine derives from names (``cron:<workflow>``): reserved.
+RESERVED_STREAM_PREFIXES = ("cron:",)
+#: An append without ``expected_version`` that meets a concurrent writer
+#: re-reads the stream's head and tries again, this many times at most.
+MAX_APPEND_ATTEMPTS = 50
+
+# Any C0/C1 control character, and lone surrogates: no column stores them
+# everywhere, and the admin could not show them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -39,47 +60,100 @@ class NewEvent:
     schema_version: int = 1
 
 
-def resolve_tenant(tenant: str | None) -> str:
-    value = settings.DEFAULT_TENANT if tenant is None else tenant
-    if not isinstance(value, str) or not value or len(value) > 64:
-        raise InvalidEvent(f"tenant must be a non-empty string of at most 64 characters: {value!r}")
+class HandledTypes:
+    """The event types the project reacts to: workflow triggers, awaited events,
+    projection handlers. A stream id that is one of them is a sign of swapped
+    arguments (``append_event("user.signed-up", "u1")``), and is refused."""
+
+    def __init__(self) -> None:
+        self._sources: list[Callable[[str], bool]] = []
+
+    def add_source(self, source: Callable[[str], bool]) -> None:
+        if source not in self._sources:
+            self._sources.append(source)
+
+    def __contains__(self, event_type: object) -> bool:
+        return isinstance(event_type, str) and any(source(event_type) for source in self._sources)
+
+
+handled_types = HandledTypes()
+
+
+def check_text(value: object, what: str, max_length: int, *, empty: bool = False) -> str:
+    """A string for a column of ``max_length`` characters, without control characters."""
+    if not isinstance(value, str):
+        raise InvalidEvent(f"{what} must be a string, not {type(value).__name__}: {value!r:.60}")
+    if not value and not empty:
+        raise InvalidEvent(f"{what} must be a non-empty string")
+    if len(value) > max_length:
+        raise InvalidEvent(f"{what} is longer than {max_length} characters: {value[:40]!r}…")
+    if _CONTROL.search(value):
+        raise InvalidEvent(
+            f"{what} contains a control character or a lone surrogate: {value!r:.60}"
+        )
     return value
 
 
-def _check_stream_id(stream_id: object) -> str:
-    if isinstance(stream_id, int | str) or hasattr(stream_id, "hex"):
-        value = str(stream_id)
-        if value and len(value) <= 100:
-            return value
-    raise InvalidEvent(f"stream_id must be a non-empty id of at most 100 characters: {stream_id!r}")
+def resolve_tenant(tenant: str | None) -> str:
+    value = settings.DEFAULT_TENANT if tenant is None else tenant
+    return check_text(value, "tenant", 64)
 
 
-def _check_event(new: NewEvent, *, internal: bool) -> NewEvent:
-    if not isinstance(new.type, str) or not new.type.strip():
-        raise InvalidEvent(f"event type must be a non-empty string: {new.type!r}")
-    if len(new.type) > 200:
-        raise InvalidEvent(f"event type is longer than 200 characters: {new.type[:40]!r}…")
-    if not internal and new.type.startswith(RESERVED_PREFIX):
-        raise InvalidEvent(
-            f"event type {new.type!r} uses the reserved prefix {RESERVED_PREFIX!r}, "
-            "which only the workflow engine writes"
-        )
-    if not isinstance(new.payload, Mapping):
-        raise InvalidEvent(f"payload of {new.type!r} must be a mapping, not {type(new.payload)}")
-    if not isinstance(new.metadata, Mapping):
-        raise InvalidEvent(f"metadata of {new.type!r} must be a mapping")
-    if not isinstance(new.schema_version, int) or new.schema_version < 1:
-        raise InvalidEvent(f"schema_version must be a positive integer: {new.schema_version!r}")
-    return NewEvent(
-        type=new.type,
-        payload=to_json(dict(new.payload), f"payload of {new.type!r}"),
-        metadata=to_json(dict(new.metadata), f"metadata of {new.type!r}"),
-        schema_version=new.schema_version,
+def check_stream_id(stream_id: object) -> str:
+    """A stream id is a string, an integer or a UUID; stored as text of at most 100 characters."""
+    if isinstance(stream_id, uuid.UUID):
+        return str(stream_id)
+    if isinstance(stream_id, int) and not isinstance(stream_id, bool):
+        return str(stream_id)
+    if isinstance(stream_id, str):
+        return check_text(stream_id, "stream_id", 100)
+    raise InvalidEvent(
+        f"stream_id must be a string, an integer or a UUID, not {type(stream_id).__name__}: "
+        f"{stream_id!r:.60}"
     )
 
 
+def check_event_type(event_type: object, *, internal: bool = False) -> str:
+    value = check_text(event_type, "event type", 200)
+    if not value.strip():
+        raise InvalidEvent(f"event type must not be blank: {value!r}")
+    if not internal and value.startswith(RESERVED_PREFIX):
+        raise InvalidEvent(
+            f"event type {value!r} uses the reserved prefix {RESERVED_PREFIX!r}, "
+            "which only the workflow engine writes"
+        )
+    return value
+
+
+def _check_mapping(value: object, what: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidEvent(f"{what} must be a mapping (a dict), not {type(value).__name__}")
+    return value
+
+
+def _check_event(new: NewEvent) -> NewEvent:
+    event_type = check_event_type(new.type)
+    payload = _check_mapping(new.payload, f"payload of {event_type!r}")
+    metadata = _check_mapping(new.metadata, f"metadata of {event_type!r}")
+    version = new.schema_version
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= 32767:
+        raise InvalidEvent(f"schema_version must be an integer from 1 to 32767: {version!r}")
+    return NewEvent(
+        type=event_type,
+        payload=to_json(dict(payload), f"payload of {event_type!r}"),
+        metadata=to_json(dict(metadata), f"metadata of {event_type!r}"),
+        schema_version=version,
+    )
+
+
+#: What a stream id may be given as; it is stored as text.
+StreamId = str | int | uuid.UUID
+
+
 def append_event(
-    stream_id: str,
+    stream_id: StreamId,
     type: str,
     payload: Mapping[str, Any] | None = None,
     *,
@@ -93,9 +167,11 @@ def append_event(
     """Append one event to a stream and return it, saved.
 
     ``expected_version`` is the version the stream must be at (0: it must
-    not exist yet); a stale one raises :class:`VersionConflict`.
+    not exist yet); a stale one raises :class:`VersionConflict`. Without it,
+    the event goes after whatever is there, also when other writers append
+    to the stream at the same moment.
     """
-    new = NewEvent(type, payload or {}, metadata or {}, schema_version)
+    new = NewEvent(type, payload, metadata, schema_version)  # type: ignore[arg-type]
     return append_events(
         stream_id,
         [new],
@@ -107,7 +183,7 @@ def append_event(
 
 
 def append_events(
-    stream_id: str,
+    stream_id: StreamId,
     events: Iterable[NewEvent],
     *,
     stream_type: str = "",
@@ -116,7 +192,7 @@ def append_events(
     created_by: str = "",
 ) -> list[Event]:
     """Append several events to one stream, all or none."""
-    sid = _check_stream_id(stream_id)
+    sid = check_stream_id(stream_id)
     tenant_id = resolve_tenant(tenant)
     if expected_version is not None and (
         not isinstance(expected_version, int) or isinstance(expected_version, bool)
@@ -124,22 +200,70 @@ def append_events(
         raise InvalidEvent(f"expected_version must be an integer: {expected_version!r}")
     if expected_version is not None and expected_version < 0:
         raise InvalidEvent(f"expected_version must not be negative: {expected_version}")
-    checked = [_check_event(e, internal=False) for e in events]
+    if isinstance(events, NewEvent | str | Mapping):
+        raise InvalidEvent("append_events() takes a list of NewEvent")
+    checked = [_check_event(e) for e in events]
     if not checked:
         raise InvalidEvent("append_events() needs at least one event")
-    if len(stream_type) > 100 or len(created_by) > 150:
-        raise InvalidEvent("stream_type (100) or created_by (150) is too long")
-
-    with transaction.atomic():
-        head = (
-            Event.objects.filter(stream_id=sid)
-            .order_by("-version")
-            .values_list("tenant_id", "version")
-            .first()
+    check_text(stream_type, "stream_type", 100, empty=True)
+    check_text(created_by, "created_by", 150, empty=True)
+    if stream_type in ENGINE_STREAM_TYPES or sid.startswith(RESERVED_STREAM_PREFIXES):
+        raise InvalidEvent(
+            f"stream {sid!r} (stream type {stream_type!r}) is reserved for the workflow engine"
         )
-        if head is not None and head[0] != tenant_id:
+    if sid in handled_types and checked[0].type not in handled_types:
+        raise InvalidEvent(
+            f"stream id {sid!r} is an event type this project handles, and the event type "
+            f"{checked[0].type!r} is not: are the arguments swapped? "
+            "The call is append_event(stream_id, type, payload)."
+        )
+    for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
+        try:
+            return _append_once(
+                sid, tenant_id, checked, stream_type, created_by, expected_version, attempt > 1
+            )
+        except _Clash:
+            if expected_version is not None:
+                raise VersionConflict(sid, expected_version, _head(sid)[1]) from None
+            logger.debug("stream %s: a concurrent append won (attempt %d); again", sid, attempt)
+            # Back off a little, at random, so that many writers of one hot
+            # stream stop meeting each other (bounded: 50 ms at most).
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+    raise VersionConflict(sid, _head(sid)[1], None)
+
+
+class _Clash(Exception):
+    """Another writer inserted the version this append was about to take."""
+
+
+def _head(sid: str, *, lock: bool = False) -> tuple[str | None, int, str]:
+    """(tenant, version, stream type) of a stream's last event; (None, 0, "") if it has none."""
+    qs = Event.objects.filter(stream_id=sid).order_by("-version")
+    if lock and connections[DEFAULT_DB_ALIAS].features.has_select_for_update:
+        # A locking read sees the latest committed row also under REPEATABLE READ.
+        qs = qs.select_for_update()
+    row = qs.values_list("tenant_id", "version", "stream_type").first()
+    return row if row is not None else (None, 0, "")
+
+
+def _append_once(
+    sid: str,
+    tenant_id: str,
+    checked: list[NewEvent],
+    stream_type: str,
+    created_by: str,
+    expected_version: int | None,
+    retrying: bool,
+) -> list[Event]:
+    with transaction.atomic():
+        head_tenant, current, head_type = _head(sid, lock=retrying)
+        if head_type in ENGINE_STREAM_TYPES:
+            raise InvalidEvent(
+                f"stream {sid!r} is the engine's own ({head_type}); "
+                "applications cannot append to it"
+            )
+        if head_tenant is not None and head_tenant != tenant_id:
             raise TenantMismatch(sid, tenant_id)
-        current = head[1] if head is not None else 0
         if expected_version is not None and expected_version != current:
             raise VersionConflict(sid, expected_version, current)
         now = clock.now()
@@ -161,10 +285,9 @@ def append_events(
         try:
             insert(rows)
         except IntegrityError as exc:
-            # A concurrent writer took the version between our read and insert.
-            raise VersionConflict(
-                sid, current if expected_version is None else expected_version, None
-            ) from exc
+            if is_version_clash(exc):
+                raise _Clash from exc
+            raise
         notify(rows)
     return rows
 
@@ -186,21 +309,19 @@ def notify(rows: Sequence[Event]) -> None:
 
 
 def load_stream(
-    stream_id: str, *, tenant: str | None = None, after_version: int = 0
+    stream_id: StreamId, *, tenant: str | None = None, after_version: int = 0
 ) -> list[Event]:
     """A stream's events of one tenant, in version order."""
-    qs = Event.objects.for_stream(_check_stream_id(stream_id), resolve_tenant(tenant))
+    qs = Event.objects.for_stream(check_stream_id(stream_id), resolve_tenant(tenant))
     if after_version:
         qs = qs.filter(version__gt=after_version)
     return list(qs)
 
 
-def stream_version(stream_id: str, *, tenant: str | None = None) -> int:
+def stream_version(stream_id: StreamId, *, tenant: str | None = None) -> int:
     """The version of a stream's last event (0 for a stream that does not exist)."""
     last = (
-        Event.objects.filter(
-            stream_id=_check_stream_id(stream_id), tenant_id=resolve_tenant(tenant)
-        )
+        Event.objects.filter(stream_id=check_stream_id(stream_id), tenant_id=resolve_tenant(tenant))
         .order_by("-version")
         .values_list("version", flat=True)
         .first()
@@ -230,15 +351,15 @@ def read_log(
     return qs
 
 
-def erase_stream(stream_id: str, *, tenant: str | None = None) -> int:
+def erase_stream(stream_id: StreamId, *, tenant: str | None = None) -> int:
     """Delete every event of one stream: the one exception to append-only.
 
     Meant for erasure of personal data. Runs whose trigger event is erased
     fail with reason ``trigger_event_unavailable`` when they next resume.
     Returns the number of events deleted.
     """
-    sid, tenant_id = _check_stream_id(stream_id), resolve_tenant(tenant)
-    with _allow_writes(), transaction.atomic():
+    sid, tenant_id = check_stream_id(stream_id), resolve_tenant(tenant)
+    with erasure_permit():
         deleted, _ = Event.objects.filter(stream_id=sid, tenant_id=tenant_id).delete()
     logger.warning("erased stream %s of tenant %s (%d events)", sid, tenant_id, deleted)
     return deleted

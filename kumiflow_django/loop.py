@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime
 from typing import Any, ClassVar
 
 from django.conf import settings as django_settings
-from django.db import close_old_connections, connection, reset_queries
+from django.db import connection, reset_queries
 
 from kumiflow_django import clock, wakeups
 
@@ -67,7 +68,7 @@ class Loop:
         logger.info("%s loop started", self.name)
         try:
             while not self.stopping:
-                close_old_connections()
+                refresh_connection()
                 if django_settings.DEBUG:
                     reset_queries()
                 try:
@@ -89,11 +90,29 @@ class Loop:
         finally:
             wakeups.unsubscribe(self.notify)
             self.close()
-            close_old_connections()
+            connection.close()
             logger.info("%s loop stopped", self.name)
 
     def close(self) -> None:
         """Release what the loop holds besides this thread's connection."""
+
+
+def refresh_connection() -> None:
+    """Keep this thread's connection from one poll to the next, unless it broke.
+
+    Django's ``close_old_connections()`` closes it after every "request" when
+    ``CONN_MAX_AGE`` is 0 (the default): for a loop that polls every few
+    seconds, reconnecting would cost more than the poll itself. A positive
+    ``CONN_MAX_AGE`` is honoured.
+    """
+    if connection.connection is None:
+        return
+    if connection.errors_occurred and not connection.is_usable():
+        connection.close()
+        return
+    max_age = connection.settings_dict.get("CONN_MAX_AGE")
+    if max_age and connection.close_at is not None and time.monotonic() >= connection.close_at:
+        connection.close()
 
 
 class PgListener(threading.Thread):

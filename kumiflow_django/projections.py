@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kumiflow_django.eventstore import handled_types
 from kumiflow_django.models.event import Event
 
 Handler = Callable[[Event], Any]
@@ -70,6 +71,13 @@ def remove_projection(name: str) -> None:
 
 def projections() -> list[Projection]:
     return list(_PROJECTIONS.values())
+
+
+def handles_event_type(event_type: str) -> bool:
+    return any(event_type in p.types for p in _PROJECTIONS.values())
+
+
+handled_types.add_source(handles_event_type)
 
 
 def apply_live(event: Event) -> None:

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Iterator
 
 from kumiflow_django.definition import CronTrigger, EventTrigger, Workflow
+from kumiflow_django.eventstore import handled_types
 from kumiflow_django.exceptions import UnknownWorkflow, WorkflowDefinitionError
 
 
@@ -77,6 +78,10 @@ class WorkflowRegistry:
             self._awaited = {t: sorted(p) for t, p in index.items()}
         return self._awaited.get(event_type, [])
 
+    def handles_event_type(self, event_type: str) -> bool:
+        """Whether a workflow starts on, or waits for, events of this type."""
+        return bool(self.for_event(event_type) or self.awaited_paths(event_type))
+
     def cron_workflows(self) -> list[Workflow]:
         return [w for w in self.current() if isinstance(w.trigger, CronTrigger)]
 
@@ -94,3 +99,4 @@ class WorkflowRegistry:
 
 
 registry = WorkflowRegistry()
+handled_types.add_source(registry.handles_event_type)

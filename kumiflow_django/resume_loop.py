@@ -28,6 +28,7 @@ from django.db.models import Q
 
 from kumiflow_django import clock
 from kumiflow_django.conf import settings
+from kumiflow_django.dberrors import is_transient
 from kumiflow_django.durations import isoformat
 from kumiflow_django.loop import Loop
 from kumiflow_django.models.run import WorkflowRun
@@ -84,9 +85,9 @@ class ResumeLoop(Loop):
         each with the expired lease it took over (a recovery), if any."""
         candidates: dict[uuid.UUID, tuple[int, Any]] = {}
         for run_id, version, owner, until in chunk:
+            if owner and until is not None and until > now:
+                continue  # a worker is on it (or parked it after an unexpected error)
             if owner and owner != self.worker_id:
-                if until is not None and until > now:
-                    continue  # another worker is on it
                 recovered = {"from": owner, "lease_until": isoformat(until) if until else None}
                 candidates[run_id] = (version, recovered)
             else:
@@ -137,11 +138,20 @@ class ResumeLoop(Loop):
                 run = resume_run(
                     run_id, skip_locked=True, expected_version=version, recovered=recovered
                 )
-            except Exception:
-                # A database error (not a step error: those fail the run). The
-                # transaction was rolled back; the run stays due and is retried.
-                logger.exception("run %s: resume failed; it stays due", run_id)
-                run = None
+            except Exception as exc:
+                # Not a step error (those fail the run), not a refusal (recorded
+                # with a backoff): the database is away, or something nobody
+                # expected broke. The transaction was rolled back.
+                if is_transient(exc):
+                    logger.warning("run %s: resume failed (%s); it stays due", run_id, exc)
+                    self._release(run_id)
+                else:
+                    # Keep the lease: the run is tried again when it runs out,
+                    # not at once on every poll.
+                    logger.exception(
+                        "run %s: resume failed; tried again in %ss", run_id, settings.LEASE_SECONDS
+                    )
+                continue
             if run is None:
                 self._release(run_id)
             else:

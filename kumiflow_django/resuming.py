@@ -13,23 +13,23 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
-from contextlib import nullcontext
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
-from kumiflow_django import clock, matching
+from kumiflow_django import clock, matching, wakeups
 from kumiflow_django import run_events as ev
 from kumiflow_django.conf import settings
 from kumiflow_django.context import TriggerEvent, Wake, check_state
 from kumiflow_django.definition import Workflow
-from kumiflow_django.engine import Conflict, Failure, Segment, advance, record_failure
+from kumiflow_django.engine import Conflict, Failure, Segment
 from kumiflow_django.locking import for_update
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.outbox import OUTCOME_TYPES, SETTLED
 from kumiflow_django.registry import registry
+from kumiflow_django.runner import Opening, Prepared, Steps, execute
 
 logger = logging.getLogger("kumiflow_django.resuming")
 
@@ -66,55 +66,33 @@ def resume_run(
     Returns the run after its segment, or None when there was nothing to do:
     not due, already resumed by someone else, locked by another worker.
     """
-    if connection.in_atomic_block:
-        # Inside a caller's transaction (an appended event waking a run): the
-        # segment gets a savepoint, so a failing step leaves the caller's work.
-        return _resume_locked(run_id, wake, skip_locked, expected_version, recovered, True)
-    # Our own transaction: a failing segment rolls all of it back, and the
-    # failure is recorded in a second one (no savepoint on the common path).
-    try:
-        with transaction.atomic():
-            return _resume_locked(run_id, wake, skip_locked, expected_version, recovered, False)
-    except SegmentFailed as failed:
-        with transaction.atomic():
-            run = lock_run(run_id, skip_locked=False)
-            if run is None or run.version != failed.version:
-                return None  # someone else moved the run on meanwhile
-            return _fail(run, failed.failure, resumed=failed.resumed)
-    except (IntegrityError, Conflict):
-        logger.info("run %s: another worker resumed it first; skipped", run_id)
-        return None
 
-
-def _resume_locked(
-    run_id: uuid.UUID,
-    wake: Wake | None,
-    skip_locked: bool,
-    expected_version: int | None,
-    recovered: dict[str, Any] | None,
-    savepoint: bool,
-) -> WorkflowRun | None:
-    run = lock_run(run_id, skip_locked=skip_locked)
-    if run is None or run.status not in SUSPENDED:
-        return None
-    if expected_version is not None and run.version != expected_version:
-        return None
-    if wake is not None and wake.reason == "event":
-        if not satisfies(run, wake.event):
+    def prepare() -> Prepared:
+        run = lock_run(run_id, skip_locked=skip_locked)
+        if run is None or run.status not in SUSPENDED:
             return None
-    elif run.wake_at is None or run.wake_at > clock.now():
-        return None
-    return continue_run(run, wake, recovered=recovered, savepoint=savepoint)
+        if expected_version is not None and run.version != expected_version:
+            return None
+        if wake is not None and wake.reason == "event":
+            if not satisfies(run, wake.event):
+                return None
+        elif run.wake_at is None or run.wake_at > clock.now():
+            return None
+        return opening(run, wake, recovered)
+
+    updated = execute(prepare)
+    if updated is not None:
+        after_segment(updated)
+        logger.info("run %s of %s resumed -> %s", updated.id, updated.workflow, updated.status)
+    return updated
 
 
-class SegmentFailed(Exception):
-    """Carries a failed segment out of the transaction it rolls back."""
-
-    def __init__(self, failure: Failure, resumed: dict[str, Any], version: int) -> None:
-        super().__init__(str(failure))
-        self.failure = failure
-        self.resumed = resumed
-        self.version = version
+def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
+    """Continue a run the caller has locked and checked (an awaited event woke it)."""
+    updated = execute(lambda: opening(run, wake))
+    if updated is not None:
+        after_segment(updated)
+    return updated
 
 
 def satisfies(run: WorkflowRun, event: Event) -> bool:
@@ -186,22 +164,14 @@ def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
     return Wake("event", found) if found is not None else Wake("timeout")
 
 
-def continue_run(
-    run: WorkflowRun,
-    wake: Wake | None,
-    *,
-    recovered: dict[str, Any] | None = None,
-    savepoint: bool = True,
-) -> WorkflowRun | None:
-    """Run the next segment of a locked, suspended run.
-
-    With ``savepoint=False`` the caller owns the transaction: a failing step
-    raises :class:`SegmentFailed` through it (rolling it back) instead of
-    rolling back to a savepoint here.
-    """
+def opening(
+    run: WorkflowRun, wake: Wake | None, recovered: dict[str, Any] | None = None
+) -> Opening:
+    """The segment that continues a locked, suspended run (or records why it cannot)."""
     workflow = _definition(run)
-    if isinstance(workflow, Failure):
-        return _fail(run, workflow, resumed=False)
+    if isinstance(workflow, Failure):  # nothing runs: no step.resumed
+        return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
+    gave_up = [(ev.STEP_RESUMED, {"cursor": run.cursor})]
     try:
         state = check_state(copy.deepcopy(run.state))
         cursor = None if run.status == RunStatus.PENDING else run.cursor
@@ -210,12 +180,13 @@ def continue_run(
         elif run.status != RunStatus.PENDING:
             raise ValueError("a suspended run has no cursor")
     except (ValueError, TypeError, AttributeError) as exc:
-        return _fail(run, Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}"))
+        failure = Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}")
+        return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     try:
         trigger = _trigger(run)
         actual = _wake(run, wake)
     except Failure as failure:
-        return _fail(run, failure)
+        return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     resumed: dict[str, Any] = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
     if recovered:
         resumed["recovered"] = recovered
@@ -224,47 +195,21 @@ def continue_run(
             "position": actual.event.position,
             "event_id": str(actual.event.event_id),
         }
-    version = run.version
-    try:
-        with transaction.atomic() if savepoint else nullcontext():
-            # The segment applies its events to ``run`` itself; a failure
-            # re-reads the row instead of keeping a copy.
-            segment = Segment(run.id, run.tenant_id, run)
-            segment.add(ev.STEP_RESUMED, resumed)
-            advance(segment, workflow, trigger, cursor=cursor, state=state, wake=actual)
-            updated = segment.persist()
-    except Failure as failure:
-        logger.warning("run %s of %s failed: %s", run.id, run.workflow, failure)
-        if not savepoint:
-            raise SegmentFailed(failure, resumed, version) from failure
-        return _fail(WorkflowRun.objects.get(pk=run.pk), failure, resumed=resumed)
-    except (IntegrityError, Conflict):
-        if not savepoint:
-            raise
-        logger.info("run %s: another worker resumed it first; skipped", run.id)
-        return None
-    from kumiflow_django.starting import after_segment
-
-    after_segment(updated)
-    logger.info("run %s resumed (%s) -> %s", run.id, actual.reason, updated.status)
-    return updated
+    return Opening(
+        run.id,
+        run.tenant_id,
+        run,
+        first=[(ev.STEP_RESUMED, resumed)],
+        steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
+    )
 
 
-def _fail(
-    run: WorkflowRun, failure: Failure, resumed: dict[str, Any] | bool = True
-) -> WorkflowRun | None:
-    try:
-        with transaction.atomic():
-            segment = Segment(run.id, run.tenant_id, run)
-            if resumed:
-                payload = resumed if isinstance(resumed, dict) else {"cursor": run.cursor}
-                segment.add(ev.STEP_RESUMED, dict(payload))
-            record_failure(segment, failure)
-            updated = segment.persist()
-    except (IntegrityError, Conflict):
-        return None
-    logger.warning("run %s of %s failed (%s)", run.id, run.workflow, failure.reason)
-    return updated
+def after_segment(run: WorkflowRun) -> None:
+    """Tell the loops (after commit) about work a segment left behind."""
+    if run.status == RunStatus.WAITING_EVENT:
+        recheck_after_commit(run)
+    if run.wake_at is not None:
+        wakeups.work_committed("resume", run.wake_at, run.id)
 
 
 # --- awaited events ---------------------------------------------------------
@@ -306,7 +251,7 @@ def wake_waiters(event: Event) -> None:
             # Lock and read the waiting runs in one statement, then resume each.
             for run in for_update(qs):
                 if satisfies(run, event):
-                    continue_run(run, Wake("event", event))
+                    resume_locked(run, Wake("event", event))
         else:
             for run_id in qs.values_list("id", flat=True):
                 mark_matched(run_id, event)
@@ -337,8 +282,6 @@ def mark_matched(run_id: uuid.UUID, event: Event) -> None:
                 segment.persist()
         except (IntegrityError, Conflict):
             return
-    from kumiflow_django import wakeups
-
     wakeups.work_committed("resume", event.created_at, run_id)
 
 

@@ -21,6 +21,8 @@ RUN_CANCELLED = "kumiflow.workflow.run-cancelled"
 RUN_RETRIED = "kumiflow.workflow.run-retried"
 RUN_WOKEN = "kumiflow.workflow.run-woken"
 RUN_RECOVERED = "kumiflow.workflow.run-recovered"
+#: The database refused to store a segment; it is tried again at ``retry_at``.
+SEGMENT_REFUSED = "kumiflow.workflow.segment-refused"
 
 RUN_EVENTS = frozenset(
     {
@@ -36,6 +38,7 @@ RUN_EVENTS = frozenset(
         RUN_RETRIED,
         RUN_WOKEN,
         RUN_RECOVERED,
+        SEGMENT_REFUSED,
     }
 )
 
@@ -67,6 +70,8 @@ TRIGGER_UNAVAILABLE = "trigger_event_unavailable"
 AWAITED_UNAVAILABLE = "awaited_event_unavailable"
 CORRUPT_STATE = "corrupt_state"
 START_DEPTH_EXCEEDED = "start_depth_exceeded"
+STATE_TOO_LARGE = "state_too_large"
+UNSTORABLE_STATE = "unstorable_state"
 
 CRON_STREAM = "cron-schedule"
 CRON_REGISTERED = "kumiflow.cron.schedule-registered"

@@ -147,4 +147,11 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.wake_at = event.created_at
     elif event.type == ev.RUN_RECOVERED:
         run.recoveries += 1
+    elif event.type == ev.SEGMENT_REFUSED:
+        if run.status == RunStatus.RUNNING:
+            run.status = RunStatus.PENDING  # its first segment never committed
+        run.wake_at = _instant(p["retry_at"])
+        run.last_error = p["error"]
+        if p.get("event"):
+            run.matched_position = p["event"]["position"]
     return run

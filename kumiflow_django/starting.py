@@ -9,31 +9,26 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Max
 
 from kumiflow_django import run_events as ev
-from kumiflow_django import wakeups
 from kumiflow_django.conf import settings
 from kumiflow_django.context import TriggerEvent, Wake, new_state
+from kumiflow_django.dberrors import is_transient
 from kumiflow_django.definition import EventTrigger, Workflow
-from kumiflow_django.engine import (
-    Failure,
-    Segment,
-    advance,
-    current_depth,
-    is_transient,
-    keyed_run_id,
-    record_failure,
-)
-from kumiflow_django.eventstore import resolve_tenant
+from kumiflow_django.engine import Failure, current_depth
+from kumiflow_django.eventstore import check_text, resolve_tenant
 from kumiflow_django.exceptions import InvalidEvent, UnknownWorkflow
-from kumiflow_django.jsonvalues import to_json
+from kumiflow_django.jsonvalues import clean_text, to_json
 from kumiflow_django.models.event import Event
-from kumiflow_django.models.run import RunStatus, WorkflowRun
+from kumiflow_django.models.run import WorkflowRun
 from kumiflow_django.registry import registry
+from kumiflow_django.resuming import after_segment
+from kumiflow_django.runner import Opening, Prepared, Steps, execute, keyed_run
 
 logger = logging.getLogger("kumiflow_django.starting")
 
@@ -55,12 +50,16 @@ def start_workflow(
     if workflow is None:
         raise UnknownWorkflow(f"no workflow named {name!r} with version {version!r} is registered")
     tenant_id = resolve_tenant(tenant)
-    data = to_json(payload or {}, f"the payload of {name!r}")
-    if not isinstance(data, dict):
-        raise InvalidEvent(f"the payload of {name!r} must be a mapping")
+    if payload is not None and not isinstance(payload, Mapping):
+        raise InvalidEvent(
+            f"the payload of {name!r} must be a mapping (a dict), not {type(payload).__name__}"
+        )
+    data = to_json(dict(payload or {}), f"the payload of {name!r}")
     trigger = TriggerEvent(type="manual", payload=data, tenant_id=tenant_id)
     key = idempotency_key
-    if key is None:
+    if key is not None:
+        check_text(key, "idempotency_key", MAX_KEY_LENGTH)
+    else:
         try:
             key = _resolve_key(workflow, trigger)
         except Exception as exc:
@@ -91,19 +90,39 @@ def start_triggered(event: Event) -> None:
             if trigger.filter is not None and not trigger.filter(event):
                 continue
             key = _resolve_key(workflow, event)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # user code: SystemExit fails the run like any error
             if is_transient(exc):
                 raise
             logger.warning("workflow %s: trigger of event %s failed", workflow.name, event.position)
-            failure = Failure(ev.STEP_FAILED, f"{type(exc).__name__} in the trigger: {exc}"[:600])
-        start_run(
-            workflow,
-            trigger=event,
-            tenant=event.tenant_id,
-            key=key,
-            since=event.position,
-            failure=failure,
-        )
+            failure = Failure(
+                ev.STEP_FAILED, clean_text(f"{type(exc).__name__} in the trigger: {exc}", 600)
+            )
+        try:
+            start_run(
+                workflow,
+                trigger=event,
+                tenant=event.tenant_id,
+                key=key,
+                since=event.position,
+                failure=failure,
+            )
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            # Even the record of a refused start was refused: the appender's
+            # transaction goes on (its event is in the log), the start is lost.
+            logger.exception(
+                "workflow %s: could not start for event %s (position %s)",
+                workflow.name,
+                event.type,
+                event.position,
+            )
+
+
+#: Longest idempotency key (the run table's column).
+MAX_KEY_LENGTH = 200
 
 
 def _resolve_key(workflow: Workflow, event: Any) -> str | None:
@@ -111,9 +130,7 @@ def _resolve_key(workflow: Workflow, event: Any) -> str | None:
     if key is None:
         return None
     value = key(event) if callable(key) else key
-    if not isinstance(value, str) or not value or len(value) > 200:
-        raise ValueError(f"the idempotency key must be a string of 1 to 200 characters: {value!r}")
-    return value
+    return check_text(value, "the idempotency key", MAX_KEY_LENGTH)
 
 
 def _trigger_ref(trigger: Any) -> dict[str, Any]:
@@ -137,69 +154,51 @@ def start_run(
     since: int,
     input_: dict[str, Any] | None = None,
     failure: Failure | None = None,
-    run_id: uuid.UUID | None = None,
 ) -> WorkflowRun:
     """Record a run (and run its first segment when inline); see module doc."""
-    if key is not None:
-        run_id = keyed_run_id(tenant, workflow.name, key)
-        existing = WorkflowRun.objects.filter(pk=run_id).first()
-        if existing is not None:
-            return existing
-    run_id = run_id or uuid.uuid4()
-    if failure is None and current_depth() >= settings.MAX_START_DEPTH:
-        failure = Failure(
-            ev.START_DEPTH_EXCEEDED,
-            f"workflows started workflows {current_depth()} levels deep in one transaction "
-            f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
+
+    def prepare() -> Prepared:
+        if key is not None:
+            existing = keyed_run(tenant, workflow.name, key)
+            if existing is not None:
+                return existing
+        started: dict[str, Any] = {
+            "workflow": workflow.name,
+            "version": workflow.version,
+            "fingerprint": workflow.fingerprint,
+            "mode": workflow.start_mode,
+            "trigger": _trigger_ref(trigger),
+            "since": since,
+        }
+        if key is not None:
+            started["idempotency_key"] = key
+        if input_ is not None:
+            started["input"] = input_
+        reason = failure
+        if reason is None and current_depth() >= settings.MAX_START_DEPTH:
+            reason = Failure(
+                ev.START_DEPTH_EXCEEDED,
+                f"workflows started workflows {current_depth()} levels deep in one transaction "
+                f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
+            )
+        steps = None
+        if workflow.start_mode == "inline":
+            steps = Steps(workflow, trigger, cursor=None, state=new_state(), wake=Wake("start"))
+        return Opening(
+            # Random, also for keyed runs: an id derived from the key would be
+            # a stream id anyone could take first. The run table's unique key
+            # (tenant, workflow, idempotency key) makes a second start a no-op.
+            run_id=uuid.uuid4(),
+            tenant=tenant,
+            row=None,
+            first=[(ev.RUN_STARTED, started)],
+            steps=steps,
+            failure=reason,
+            key=key,
+            workflow_name=workflow.name,
         )
-    started: dict[str, Any] = {
-        "workflow": workflow.name,
-        "version": workflow.version,
-        "fingerprint": workflow.fingerprint,
-        "mode": workflow.start_mode,
-        "trigger": _trigger_ref(trigger),
-        "since": since,
-    }
-    if key is not None:
-        started["idempotency_key"] = key
-    if input_ is not None:
-        started["input"] = input_
-    try:
-        if failure is not None:
-            raise failure
-        with transaction.atomic():
-            segment = Segment(run_id, tenant)
-            segment.add(ev.RUN_STARTED, dict(started))
-            if workflow.start_mode == "inline":
-                advance(
-                    segment, workflow, trigger, cursor=None, state=new_state(), wake=Wake("start")
-                )
-            run = segment.persist()
-    except Failure as failed:
-        try:
-            with transaction.atomic():
-                segment = Segment(run_id, tenant)
-                segment.add(ev.RUN_STARTED, dict(started))
-                record_failure(segment, failed)
-                run = segment.persist()
-        except IntegrityError:
-            if key is None:
-                raise
-            return WorkflowRun.objects.get(pk=run_id)  # a concurrent start won
-        logger.warning("run %s of %s failed: %s", run_id, workflow.name, failed)
-    except IntegrityError:
-        if key is None:
-            raise
-        return WorkflowRun.objects.get(pk=run_id)  # a concurrent start with the key won
+
+    run = execute(prepare)
+    assert run is not None  # a start always leaves a run (or finds the keyed one)
     after_segment(run)
     return run
-
-
-def after_segment(run: WorkflowRun) -> None:
-    """Tell the loops (after commit) about work a segment left behind."""
-    if run.status == RunStatus.WAITING_EVENT:
-        from kumiflow_django import resuming
-
-        resuming.recheck_after_commit(run)
-    if run.wake_at is not None:
-        wakeups.work_committed("resume", run.wake_at, run.id)

@@ -75,9 +75,14 @@ class Worker:
     def _run_loop(self, loop: Loop) -> None:
         try:
             loop.run_forever()
-        except Exception:
+        except BaseException:  # a SystemExit ends a thread silently: not this one
             logger.exception("the %s loop crashed; stopping the worker", loop.name)
             self.crashed = True
             self.stop()
+        else:
+            if not loop.stopping:
+                logger.error("the %s loop ended unasked; stopping the worker", loop.name)
+                self.crashed = True
+                self.stop()
         finally:
             connection.close()

@@ -148,7 +148,7 @@ def test_read_log_from_a_position_by_type():
         ({"payload": {"x": math.nan}}, "not JSON-serialisable"),
         ({"payload": ["not", "a", "mapping"]}, "must be a mapping"),
         ({"type": ""}, "non-empty string"),
-        ({"type": "   "}, "non-empty string"),
+        ({"type": "   "}, "must not be blank"),
         ({"expected_version": -1}, "must not be negative"),
         ({"expected_version": True}, "must be an integer"),
         ({"type": "kumiflow.workflow.run-started"}, "reserved prefix"),

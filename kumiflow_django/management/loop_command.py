@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
-import sys
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from kumiflow_django.conf import settings
@@ -65,7 +65,10 @@ def install_signal_handlers(stop: Callable[[], None]) -> None:
     def handle(signum: int, frame: FrameType | None) -> None:
         if received:
             logger.warning("second signal: exiting now")
-            sys.exit(1)
+            logging.shutdown()
+            # sys.exit() would only end the main thread; the loop threads
+            # would keep the process alive. Open transactions roll back.
+            os._exit(1)
         received.append(signum)
         logger.warning(
             "received %s: finishing the work at hand, then exiting (signal again to force)",
@@ -118,7 +121,15 @@ class LoopCommand(BaseCommand):
             handled = loop.run_once()
             logger.info("%s: %d handled", loop.name, handled)
             return
-        run_until_signalled(loop.run_forever, loop.stop)
+        try:
+            run_until_signalled(loop.run_forever, loop.stop)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit(0) included: a loop never ends by itself
+            logger.exception("the %s loop crashed", loop.name)
+            raise CommandError(f"the {loop.name} loop crashed: {type(exc).__name__}") from exc
+        if not loop.stopping:
+            raise CommandError(f"the {loop.name} loop ended unasked")
 
 
 def run_until_signalled(run: Callable[[], None], stop: Callable[[], None]) -> None:

@@ -89,17 +89,17 @@ class Event(models.Model):
         verbose_name_plural = _("events")
         ordering = ["position"]
         constraints = [
+            # One version per stream, whatever the tenant: a stream id belongs to
+            # one tenant, and two tenants creating the same new stream at once
+            # cannot both succeed. Also the version guard of every append.
             models.UniqueConstraint(
-                fields=["tenant_id", "stream_id", "version"],
-                name="kumiflow_event_stream_version_uq",
+                fields=["stream_id", "version"], name="kumiflow_event_stream_version_uq"
             ),
             models.CheckConstraint(
                 condition=models.Q(version__gte=1), name="kumiflow_event_version_gte_1"
             ),
         ]
         indexes = [
-            # Finds a stream's head whatever its tenant (the tenant check).
-            models.Index(fields=["stream_id", "version"], name="kumiflow_event_stream_idx"),
             # Reads the log of one tenant from a position, optionally by type
             # (awaited-event look-back, projections).
             models.Index(fields=["tenant_id", "type", "position"], name="kumiflow_event_type_idx"),

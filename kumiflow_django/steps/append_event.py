@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kumiflow_django.context import Context
+from kumiflow_django.eventstore import check_event_type, check_text
 from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
 
 
@@ -17,6 +18,8 @@ class AppendEventKind(StepKind):
         event_type = step.args["type"]
         if not isinstance(event_type, str) or not event_type.strip():
             raise ValueError(f"append_event needs an event type, not {event_type!r}")
+        check_event_type(event_type)
+        check_text(step.args["stream_type"], "stream_type", 100, empty=True)
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         from kumiflow_django.eventstore import append_event

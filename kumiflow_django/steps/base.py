@@ -127,7 +127,9 @@ def run_steps(
             raise
         except (Suspend, StepError):
             raise
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: a step's exception fails its run
             raise StepError(path, step.kind, step.name, exc) from exc
         if step.name is not None and kind.stores_result:
             ctx.steps[step.name] = json_result(result, step, path)

@@ -12,6 +12,7 @@ from typing import Any
 from kumiflow_django import matching
 from kumiflow_django.context import Context, Suspend
 from kumiflow_django.durations import check_when, to_deadline
+from kumiflow_django.eventstore import check_event_type
 from kumiflow_django.jsonvalues import to_json
 from kumiflow_django.steps.base import (
     Resolver,
@@ -31,6 +32,7 @@ class WaitForEventKind(StepKind):
         event_type = step.args["event_type"]
         if not isinstance(event_type, str) or not event_type.strip():
             raise ValueError(f"wait_for_event needs an event type, not {event_type!r}")
+        check_event_type(event_type, internal=True)
         match = step.args["match"]
         if not isinstance(match, Mapping):
             raise ValueError("wait_for_event match must be a mapping of paths to values")

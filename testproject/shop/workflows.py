@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from kumiflow_django import define_workflow, on_cron, on_event
+from kumiflow_django import define_projection, define_workflow, on_cron, on_event
 from kumiflow_django import steps as s
 
 
@@ -113,6 +113,30 @@ tally = define_workflow(
         s.return_(lambda ctx: ctx.steps["counted"]),
     ],
 )
+
+# Used by the poison-run tests: recorded by the appender, run by workers; a
+# worker started with SHOP_POISON=1 has a projection that the database makes
+# fail for this workflow's waits (the database refuses its segment).
+poison_pill = define_workflow(
+    "poison-pill",
+    trigger=on_event("poison.requested"),
+    start_mode="deferred",
+    steps=[s.wait("PT1H"), s.return_("never")],
+)
+
+if settings.SHOP_POISON:
+
+    def _refused_by_the_database(event):
+        from kumiflow_django.models import WorkflowRun
+        from testproject.shop.models import Tally
+
+        if WorkflowRun.objects.filter(pk=event.stream_id, workflow="poison-pill").exists():
+            Tally.objects.get_or_create(key="poison")
+            Tally.objects.create(key="poison")  # a real unique-constraint violation
+
+    define_projection(
+        "poison", {"kumiflow.workflow.step.waiting": _refused_by_the_database}, replace=True
+    )
 
 if settings.SHOP_CRON_EVERY_SECOND:
     # Only for the two-scheduler test: a schedule with an occurrence every second.

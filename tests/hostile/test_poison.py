@@ -1,0 +1,213 @@
+"""A poison run must never take the worker down or spin it.
+
+- A step that raises ``SystemExit`` (or any exception that is not a real
+  interrupt) fails its run; the loop goes on. Before: the worker's resume
+  thread ended with an INFO line while the process kept running.
+- A loop thread that dies for another reason takes the whole worker down,
+  with an ERROR line and a non-zero exit, so a supervisor restarts it.
+- A segment the database refuses again and again (here: a projection the
+  database makes fail for one workflow) is tried again with a backoff and
+  failed with ``unstorable_state`` after a bounded number of attempts; the
+  transaction of the appender whose event started the run commits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import transaction
+
+from kumiflow_django import (
+    append_event,
+    define_projection,
+    define_workflow,
+    on_event,
+    start_workflow,
+)
+from kumiflow_django import steps as s
+from kumiflow_django.models import Event, WorkflowRun
+from kumiflow_django.projections import remove_projection
+from kumiflow_django.resume_loop import ResumeLoop
+from kumiflow_django.runner import MAX_REFUSALS
+from kumiflow_django.testing import run_until_idle
+from kumiflow_django.worker import Worker
+from testproject.shop.models import Tally
+from tests.helpers import only_run, types
+from tests.processes import output, spawn, stop, wait_for
+
+pytestmark = pytest.mark.django_db
+
+
+def leave(ctx):
+    raise SystemExit(3)
+
+
+def test_a_step_that_raises_system_exit_fails_its_run_and_the_event_commits(registry):
+    define_workflow("quitter", trigger=on_event("go"), steps=[s.compute("x", leave)])
+
+    append_event("src-1", "go")
+
+    run = only_run()
+    assert (run.status, run.reason) == ("failed", "step_failed")
+    assert "SystemExit at step 0 (compute 'x')" in run.last_error
+    assert Event.objects.filter(stream_id="src-1").exists()
+
+
+def test_the_resume_loop_fails_a_system_exit_run_and_goes_on_with_the_batch(registry, clock):
+    define_workflow("late-quitter", steps=[s.wait("PT1M"), s.compute("x", leave)])
+    define_workflow("healthy", steps=[s.wait("PT1M"), s.return_("ok")])
+    quitter = start_workflow("late-quitter")
+    healthy = [start_workflow("healthy") for _ in range(3)]
+
+    clock.advance(minutes=1)
+    assert ResumeLoop(batch_size=10, threads=1).run_once() == 4
+
+    quitter.refresh_from_db()
+    assert (quitter.status, quitter.reason) == ("failed", "step_failed")
+    assert all(r.status == "completed" for r in WorkflowRun.objects.filter(workflow="healthy"))
+    assert len(healthy) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_loop_thread_that_dies_takes_the_worker_down_loudly(monkeypatch, caplog):
+    def broken(self):
+        raise SystemExit(0)  # not an Exception: it used to end the thread silently
+
+    monkeypatch.setattr(ResumeLoop, "run_once", broken)
+    worker = Worker(max_interval=0.1)
+    with caplog.at_level(logging.ERROR, logger="kumiflow_django"):
+        worker.run()  # returns: every loop was stopped
+    assert worker.crashed
+    assert any("resume loop crashed" in r.getMessage() for r in caplog.records)
+
+    with pytest.raises(CommandError, match="crashed"):
+        call_command("kumiflow_worker", "--max-interval", "0.1", verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_single_loop_command_exits_non_zero_when_its_loop_dies(monkeypatch):
+    def broken(self):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(ResumeLoop, "run_once", broken)
+    with pytest.raises(CommandError, match="crashed"):
+        call_command("kumiflow_resume", "--max-interval", "0.1", verbosity=0)
+
+
+# -- segments the database refuses ------------------------------------------------
+
+
+@pytest.fixture
+def refusing_projection(registry):
+    """A projection the database makes fail for the waits of one workflow, once
+    the tally "poison" exists."""
+
+    def refuse(event):
+        poisoned = Tally.objects.filter(key="poison").exists()
+        if poisoned and WorkflowRun.objects.filter(pk=event.stream_id, workflow="refused").exists():
+            Tally.objects.create(key="poison")  # IntegrityError from the real database
+
+    define_projection("refusing", {"kumiflow.workflow.step.waiting": refuse}, replace=True)
+    yield
+    remove_projection("refusing")
+
+
+def test_a_refused_start_is_tried_again_with_backoff_then_failed(refusing_projection, clock):
+    define_workflow("refused", trigger=on_event("go"), steps=[s.wait("PT1H"), s.return_(1)])
+    define_workflow("fine", trigger=on_event("go"), steps=[s.wait("PT1H"), s.return_(1)])
+    Tally.objects.create(key="poison")
+
+    with transaction.atomic():
+        append_event("order-1", "go", {"n": 1})  # the domain write
+        Tally.objects.create(key="domain-write")
+
+    assert Event.objects.filter(stream_id="order-1").exists()
+    assert Tally.objects.filter(key="domain-write").exists()
+    run = WorkflowRun.objects.get(workflow="refused")
+    assert (run.status, types(run)) == ("pending", ["run-started", "segment-refused"])
+    assert WorkflowRun.objects.get(workflow="fine").status == "waiting"
+
+    waits = []
+    for _ in range(MAX_REFUSALS - 1):
+        run.refresh_from_db()
+        if run.status == "failed":
+            break
+        waits.append((run.wake_at - clock.now()).total_seconds())
+        assert run_until_idle().resumed == 0, "not due before its backoff"
+        clock.set(run.wake_at)
+        run_until_idle()
+
+    run.refresh_from_db()
+    assert waits == [2.0, 4.0, 8.0, 16.0]
+    assert (run.status, run.reason) == ("failed", "unstorable_state")
+    assert "IntegrityError" in run.last_error
+    assert types(run) == ["run-started", *["segment-refused"] * (MAX_REFUSALS - 1), "run-failed"]
+
+
+def test_a_refused_resume_keeps_the_run_where_it_was(refusing_projection, clock):
+    define_workflow(
+        "refused", steps=[s.compute("a", lambda ctx: 1), s.wait("PT1M"), s.wait("PT1M")]
+    )
+    run = start_workflow("refused")
+    Tally.objects.create(key="poison")  # from now on its waits are refused
+    clock.advance(minutes=1)
+    run_until_idle()
+
+    run.refresh_from_db()
+    assert (run.status, run.cursor, run.state["steps"]) == ("waiting", [1], {"a": 1})
+    assert run.wake_at == clock.now() + dt.timedelta(seconds=2)
+    assert run.last_error.startswith("IntegrityError")
+    assert types(run) == ["run-started", "step.waiting", "segment-refused"]
+
+
+# -- the soak: one poison run beside healthy ones, under a real worker ------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_poison_run_beside_healthy_ones_costs_the_worker_almost_nothing():
+    """20 s of a worker with one run whose segment the database always refuses:
+    under 1 s of CPU and under 50 KB of log, and the healthy runs complete."""
+    worker = spawn(
+        "kumiflow_worker", "--no-cron", "--max-interval", "0.5", env={"SHOP_POISON": "1"}
+    )
+    try:
+        wait_for(lambda: "running resume" in output(worker), 60, "the worker to start")
+        log_before = len(output(worker).encode())
+        cpu_before = _cpu_seconds(worker.pid)
+        with transaction.atomic():
+            append_event("pill-1", "poison.requested", {})
+            for i in range(20):
+                append_event(f"healthy-{i}", "tally.requested", {})
+        started = time.monotonic()
+        wait_for(
+            lambda: WorkflowRun.objects.filter(workflow="tally", status="completed").count() == 20,
+            20,
+            "the healthy runs",
+        )
+        time.sleep(max(0.0, 20 - (time.monotonic() - started)))  # the soak itself
+        cpu = _cpu_seconds(worker.pid) - cpu_before
+        log = len(output(worker).encode()) - log_before
+    finally:
+        codes = stop([worker])
+
+    pill = WorkflowRun.objects.get(workflow="poison-pill")
+    assert cpu < 1.0, f"{cpu:.2f} s of CPU in 20 s"
+    assert log < 50_000, f"{log} bytes of log in 20 s"
+    assert pill.status in ("pending", "failed"), pill.status
+    assert Event.objects.filter(
+        stream_id=str(pill.id), type="kumiflow.workflow.segment-refused"
+    ).count() in range(1, MAX_REFUSALS)
+    assert codes == [0], output(worker)[-2000:]
