@@ -8,12 +8,12 @@ fingerprint is computed once, here.
 from __future__ import annotations
 
 import zoneinfo
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kumiflow_django.exceptions import WorkflowDefinitionError
-from kumiflow_django.fingerprint import callable_digest, fingerprint
+from kumiflow_django.fingerprint import UnstableValue, callable_digest, canonical_value, fingerprint
 from kumiflow_django.steps.base import Step, check_resolver, get_kind, step_at, walk
 
 START_MODES = ("inline", "deferred")
@@ -137,39 +137,46 @@ class Workflow:
         return f"<Workflow {self.name}{version} {self.fingerprint[:12]}>"
 
     def canonical(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "trigger": self.trigger.canonical(),
-            "steps": [_canonical_step(s) for s in self.steps],
-        }
+        """The definition as data that reads the same in every process.
+
+        A value without such a form (an ``object()``, an instance whose repr
+        holds a memory address) raises WorkflowDefinitionError naming the
+        step and the argument: its fingerprint would differ in the process
+        that resumes the run.
+        """
+        try:
+            trigger = self.trigger.canonical()
+        except UnstableValue as exc:
+            raise WorkflowDefinitionError(f"workflow {self.name!r}, trigger: {exc}") from exc
+        try:
+            steps = [_canonical_step(s, f"step {i}") for i, s in enumerate(self.steps)]
+        except UnstableValue as exc:
+            raise WorkflowDefinitionError(f"workflow {self.name!r}, {exc}") from exc
+        return {"name": self.name, "version": self.version, "trigger": trigger, "steps": steps}
 
     def step_at(self, cursor: list[Any]) -> Step:
         return step_at(self.steps, cursor)
 
 
-def _canonical_value(value: Any) -> Any:
+def _canonical_value(value: Any, where: str) -> Any:
     if isinstance(value, Step):
-        return _canonical_step(value)
-    if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    if callable(value):
-        return {"callable": callable_digest(value)}
-    if isinstance(value, Mapping):
-        return {str(k): _canonical_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_canonical_value(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return repr(value)
+        return _canonical_step(value, where)
+    return canonical_value(value, where, render=_canonical_value)
 
 
-def _canonical_step(step: Step) -> dict[str, Any]:
+def _canonical_step(step: Step, where: str) -> dict[str, Any]:
+    """``where`` is the step's path as errors name it (``step 0.do.1``)."""
+    at = f"{where} ({step.kind})"
     return {
         "kind": step.kind,
-        "name": step.name,
-        "args": {k: _canonical_value(v) for k, v in sorted(step.args.items())},
-        "children": {k: [_canonical_step(c) for c in v] for k, v in step.children.items()},
+        "name": _canonical_value(step.name, f"{at}, name"),
+        "args": {
+            k: _canonical_value(v, f"{at}, argument {k!r}") for k, v in sorted(step.args.items())
+        },
+        "children": {
+            label: [_canonical_step(c, f"{where}.{label}.{i}") for i, c in enumerate(children)]
+            for label, children in step.children.items()
+        },
     }
 
 

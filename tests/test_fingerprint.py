@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
-from kumiflow_django import define_workflow, on_event
+import datetime as dt
+import enum
+import functools
+import os
+import subprocess
+import sys
+import uuid
+from decimal import Decimal
+
+import pytest
+from django.db.models import Q
+
+from kumiflow_django import define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
+from kumiflow_django.models import Dispatch
+from kumiflow_django.steps.base import walk
+from testproject.shop.models import Customer, Order, Tally
+from tests.processes import ROOT
 
 LIMIT = 3
 
@@ -64,3 +80,185 @@ def test_a_changed_filter_changes_it():
         "f", trigger=on_event("x", filter=lambda e: False), steps=[], register=False
     )
     assert a.fingerprint != b.fingerprint
+
+
+# --- the same fingerprint in every process ----------------------------------
+
+RATE = 0.2
+
+
+class Status(enum.Enum):
+    PAID = "paid"
+
+
+@s.handler("tests.fingerprint.double")
+def double(payload):
+    return payload * 2
+
+
+def every_kind():
+    """One workflow with every built-in step kind, with and without their
+    optional arguments: what another process must fingerprint the same."""
+    threshold = 10  # a closure over a primitive
+
+    def over_threshold(ctx, limit=threshold):
+        return ctx.event.payload.get("n", 0) > limit
+
+    return define_workflow(
+        "every-kind",
+        trigger=on_event("order.placed", filter=lambda e: e.payload.get("n") != 0),
+        version=3,
+        steps=[
+            s.compute("n", lambda ctx: ctx.event.payload.get("n", 0) * RATE),
+            s.compute("kind", lambda ctx: ctx.event.type in {"a", "b", "c", "d"}),
+            s.read.find_one("customer", Customer, {"user_id": "u1"}),
+            s.read.find_many(
+                "orders",
+                "shop.Order",
+                Q(status__in={"placed", "paid", "shipped", "cancelled"}) & ~Q(total_cents=0),
+                order_by=("-created_at",),
+                fields=("id", "status"),
+                limit=10,
+                truncate=True,
+            ),
+            s.read.find_many("all_orders", Order),
+            s.model.create("tally", Tally, {"key": "k", "count": 1}),
+            s.model.update(
+                "customer2",
+                "shop.Customer",
+                pk=1,
+                values={"engaged": True},
+                version_field="version",
+                expected_version=lambda ctx: 1,
+            ),
+            s.model.upsert("tally2", "shop.Tally", {"key": "k"}, {"count": 2}),
+            s.model.delete("gone", Tally, Q(key="old")),
+            s.branch(
+                over_threshold,
+                then=[s.compute("big", functools.partial(max, 1))],
+                else_=[s.wait(dt.timedelta(minutes=5))],
+            ),
+            s.for_each(
+                lambda ctx: [1, 2],
+                "item",
+                do=[
+                    s.wait("PT1M"),
+                    s.call("doubled", "tests.fingerprint.double", lambda ctx: ctx.scope["item"]),
+                ],
+            ),
+            s.call("tripled", lambda payload: payload * 3, 2),
+            s.call("length", len, [1, 2]),
+            s.wait(dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
+            s.retry(
+                [
+                    s.webhook_send("https://hooks.example.com/a"),  # no body
+                    s.webhook_send(
+                        "https://hooks.example.com/b",
+                        body={"paid": Status.PAID, "at": dt.date(2030, 1, 1)},
+                        method="PUT",
+                        headers={"X-Id": "1"},
+                        secret="partner",
+                        timeout=(1.0, 5.0),
+                        retry={"attempts": 2},
+                        await_delivery=True,
+                        name="hook",
+                    ),
+                ],
+                attempts=4,
+                backoff="linear",
+                base=dt.timedelta(seconds=5),
+                max_delay="PT1H",
+                jitter=0.1,
+                on=(ConnectionError, TimeoutError),
+            ),
+            s.retry([s.compute("plain", lambda ctx: 1)]),
+            s.mail_send("a@example.com", "Hi", "Body"),
+            s.mail_send(
+                to=lambda ctx: ["b@example.com"],
+                subject="Receipt",
+                body=lambda ctx: f"{ctx.steps['n']}",
+                from_="shop@example.com",
+                cc=["c@example.com"],
+                bcc=["d@example.com"],
+                reply_to="e@example.com",
+                html="<b>hi</b>",
+                headers={"X-Tag": "receipt"},
+                retry={"attempts": 1},
+                await_delivery=True,
+                name="mail",
+            ),
+            s.wait_for_event(
+                "payment.received",
+                match={
+                    "payload.order_id": lambda ctx: ctx.event.payload["order_id"],
+                    "metadata.source": "shop",
+                },
+                timeout="P3D",
+                name="payment",
+            ),
+            s.wait_for_event("order.confirmed", match={"stream_id": lambda ctx: "x"}),
+            s.wait_for_event("order.closed", timeout=dt.timedelta(days=1)),
+            s.append_event("order.settled", stream_id=lambda ctx: ctx.event.stream_id),
+            s.append_event(
+                "order.audited",
+                stream_id="audit",
+                payload={"amount": Decimal("9.90"), "ref": uuid.UUID(int=7)},
+                stream_type="audit",
+                expected_version=lambda ctx: None,
+                name="audited",
+            ),
+            s.return_(lambda ctx: ctx.steps["n"]),
+        ],
+        register=False,
+    )
+
+
+def child_fingerprint(seed: str) -> str:
+    """``every_kind()``'s fingerprint computed by a fresh interpreter."""
+    code = (
+        "import django; django.setup(); "
+        "from tests.test_fingerprint import every_kind; print(every_kind().fingerprint)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings", "PYTHONHASHSEED": seed}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_another_process_computes_the_same_fingerprint():
+    """A run started by one process resumes in another: their fingerprints must
+    agree, whatever the memory addresses and string hashes of each process."""
+    assert [child_fingerprint("1"), child_fingerprint("2")] == [every_kind().fingerprint] * 2
+
+
+def test_the_every_kind_workflow_uses_every_builder():
+    builders = {n for n in s.__all__ if n[0].islower()} - {
+        "handler",
+        "register_step_kind",
+        "resolve",
+    }
+    kinds = {step.kind for _, step in walk(every_kind().steps)}
+    assert {"model", "read"} <= builders
+    assert kinds == {
+        *(b.rstrip("_") for b in builders - {"model", "read", "return_"}),
+        "return",
+        *("read." + n for n in ("find_one", "find_many")),
+        *("model." + n for n in ("create", "update", "upsert", "delete")),
+    }
+
+
+@pytest.mark.django_db
+def test_a_webhook_without_body_requests_none_and_body_none_requests_null(registry):
+    define_workflow(
+        "hooks",
+        steps=[
+            s.webhook_send("https://hooks.example.com/a"),
+            s.webhook_send("https://hooks.example.com/b", body=None),
+        ],
+    )
+    start_workflow("hooks")
+    first, second = Dispatch.objects.order_by("step_path")
+    assert "body" not in first.request
+    assert second.request["body"] is None
