@@ -93,7 +93,7 @@ def test_the_request_time_check_never_resolves_a_name(monkeypatch):
 
     monkeypatch.setattr(socket, "getaddrinfo", no_dns)
     for param in URLS:
-        url_problem(param.values[0].replace("PORT", "8080"))
+        url_problem(str(param.values[0]).replace("PORT", "8080"))
     assert url_problem("https://hooks.example.com/") is None
 
 
