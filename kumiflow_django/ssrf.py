@@ -193,10 +193,6 @@ def _allow_list() -> tuple[set[str], list[IPNetwork]]:
     return names, networks
 
 
-def _name_allowed(host: str) -> bool:
-    return host.removesuffix(".").lower() in _allow_list()[0]
-
-
 def address_refusal(host: str, address: IPAddress, *, literal: bool = False) -> str | None:
     """Why ``host`` may not be reached at ``address``, or None (the allow-list applies).
 
@@ -231,7 +227,7 @@ def url_problem(url: str) -> str | None:
     except ValueError:
         port = 0
     if port == 0:
-        return f"webhook url {url!r} has an invalid port (not 1-65535)"
+        return f"webhook url {url!r} has an invalid port (a number from 1 to 65535)"
     if "@" in parts.netloc:
         return "a webhook url must not carry a user name or password; send credentials in a header"
     if not parts.hostname:
@@ -277,7 +273,7 @@ def host_problem(host: str) -> str | None:
                 "(a.b.c.d, no octal, hex or short forms)"
             )
         return address_refusal(host, address, literal=True)
-    if (name == "localhost" or name.endswith(".localhost")) and not _name_allowed(name):
+    if (name == "localhost" or name.endswith(".localhost")) and name not in _allow_list()[0]:
         return f"webhook host {host!r} is a loopback name; {_ALLOW_HINT}"
     return None
 
