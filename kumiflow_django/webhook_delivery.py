@@ -1,16 +1,23 @@
 """Delivering ``webhook`` dispatches with ``requests``.
 
-- http and https only; a host that resolves to a private, loopback,
-  link-local or otherwise non-public address is refused unless allowed by
-  ``KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS``;
+- http and https only; the SSRF rules of :mod:`kumiflow_django.ssrf` apply:
+  :func:`check` refuses at request time what needs no DNS (user info,
+  backslashes, a URL the parsers read differently, literal non-public
+  addresses, ``localhost``), and the connection resolves the host itself,
+  refuses it if any address is not public and connects only to a checked
+  address (no DNS rebinding), unless ``KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS``
+  allows it;
+- no proxies and no ``.netrc`` (the session ignores the environment, except
+  ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``): a proxy would pick the address;
 - redirects are never followed (a 3xx is a permanent failure);
 - the body is compact JSON, signed with HMAC-SHA256 over
   ``"<timestamp>.<body>"`` when the request names a secret of
   ``KUMIFLOW_WEBHOOK_SECRETS``: header ``X-Kumiflow-Signature: v1=<hex>``
   with ``X-Kumiflow-Timestamp``;
 - the dispatch id goes in ``Idempotency-Key``, the same on every attempt;
-- 2xx is success; 5xx, 429 (honouring ``Retry-After``) and network errors
-  are retried; other 4xx are not.
+- 2xx is success; 5xx, 429 (honouring ``Retry-After``), network errors and
+  names that do not resolve are retried; other 4xx and refused addresses are
+  not.
 """
 
 from __future__ import annotations
@@ -18,18 +25,16 @@ from __future__ import annotations
 import email.utils
 import hashlib
 import hmac
-import ipaddress
 import json
-import socket
+import os
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 
-from kumiflow_django import __version__, clock
+from kumiflow_django import __version__, clock, ssrf
 from kumiflow_django.conf import settings
 from kumiflow_django.delivery_errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.models.dispatch import Dispatch
@@ -41,10 +46,21 @@ _local = threading.local()
 
 
 def session() -> requests.Session:
-    """One session per thread (``requests.Session`` is not thread-safe)."""
+    """One session per thread (``requests.Session`` is not thread-safe).
+
+    Its transport connects to checked addresses only. It ignores the
+    environment (``trust_env``): no ``HTTP(S)_PROXY``, whose proxy would
+    choose the address, and no ``.netrc`` credentials sent to webhook hosts;
+    the CA bundle variables still apply.
+    """
     s = getattr(_local, "session", None)
     if s is None:
         s = requests.Session()
+        s.trust_env = False
+        s.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        adapter = ssrf.GuardedAdapter()
+        s.mount("http://", adapter)
+        s.mount("https://", adapter)
         _local.session = s
     return s
 
@@ -53,11 +69,9 @@ def check(request: Mapping[str, Any]) -> str | None:
     url = request.get("url")
     if not isinstance(url, str):
         return f"a webhook url must be a string, not {type(url).__name__}"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        return f"only http and https webhooks are allowed, not {parts.scheme or 'no scheme'!r}"
-    if not parts.hostname:
-        return f"webhook url {url!r} has no host"
+    problem = ssrf.url_problem(url)
+    if problem:
+        return problem
     if request.get("method") not in METHODS:
         return f"webhook method must be one of {', '.join(METHODS)}: {request.get('method')!r}"
     headers = request.get("headers") or {}
@@ -75,33 +89,6 @@ def check(request: Mapping[str, Any]) -> str | None:
 
 def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-
-
-def _allowed(host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    for entry in settings.WEBHOOK_ALLOWED_PRIVATE_HOSTS:
-        if entry.lower() == host.lower():
-            return True
-        try:
-            if address in ipaddress.ip_network(entry, strict=False):
-                return True
-        except ValueError:
-            continue
-    return False
-
-
-def check_host(host: str, port: int) -> None:
-    """Refuse hosts that resolve to non-public addresses (SSRF guard)."""
-    try:
-        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-    except socket.gaierror as exc:
-        raise DeliveryFailure(f"webhook host {host!r} does not resolve ({exc})") from exc
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if not address.is_global and not _allowed(host, address):
-            raise PermanentFailure(
-                f"webhook host {host!r} resolves to the non-public address {address}; "
-                "allow it in KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS if that is intended"
-            )
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -125,9 +112,9 @@ def _retry_after(value: str | None) -> float | None:
 
 def deliver(request: Mapping[str, Any], dispatch: Dispatch) -> dict[str, Any]:
     url = request["url"]
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    check_host(host, parts.port or (443 if parts.scheme == "https" else 80))
+    problem = ssrf.url_problem(url)
+    if problem:
+        raise PermanentFailure(problem)
     body = b""
     if "body" in request:
         body = json.dumps(request["body"], separators=(",", ":"), ensure_ascii=False).encode()
@@ -150,6 +137,8 @@ def deliver(request: Mapping[str, Any], dispatch: Dispatch) -> dict[str, Any]:
             )
         headers["X-Kumiflow-Signature"] = sign(secret, timestamp, body)
     timeout = tuple(request.get("timeout") or settings.WEBHOOK_TIMEOUT)
+    # The connection refuses a non-public address with ssrf.Refused, a
+    # PermanentFailure that requests lets through unwrapped.
     try:
         response = session().request(
             request["method"],

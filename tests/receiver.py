@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 @dataclass
@@ -75,10 +75,14 @@ class Receiver:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+    def port(self) -> int:
+        return int(self.server.server_address[1])
 
-    def __enter__(self) -> Receiver:
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
