@@ -35,51 +35,51 @@ EVERY_MINUTE_AND_HOUR = (
 
 # -- refused when defined ------------------------------------------------------
 
+
+def refused(label: str, expression: str, message: str, name: str = "job", **options: object):
+    return pytest.param(name, expression, options, message, id=label)
+
+
 REFUSED = [
-    ("30 February", "job", {"expression": "0 0 30 2 *"}, "no occurrence"),
-    ("31 April", "job", {"expression": "0 0 31 4 *"}, "no occurrence"),
-    ("a 7th field: a year gone by", "job", {"expression": "0 0 1 1 * 0 2020"}, "no occurrence"),
-    ("a 7th field: this year, past", "job", {"expression": "0 0 1 1 * 0 2026"}, "no occurrence"),
-    ("a 6th field on 30 February", "job", {"expression": "0 0 30 2 * 15"}, "no occurrence"),
-    ("beyond croniter's 50 years", "job", {"expression": "0 0 1 1 * 0 2080"}, "50 years"),
-    ("237 characters", "job", {"expression": EVERY_MINUTE_AND_HOUR}, "longer than 200"),
-    ("an empty expression", "job", {"expression": ""}, "needs a cron expression"),
-    ("a blank expression", "job", {"expression": "   "}, "needs a cron expression"),
-    ("a seconds field out of range", "job", {"expression": "* * * * * 99"}, "invalid cron"),
-    ("an unknown time zone", "job", {"expression": "0 9 * * *", "timezone": "Mars/Olympus"}, "zone"),
-    ("a path as time zone", "job", {"expression": "0 9 * * *", "timezone": "../etc/passwd"}, "zone"),
-    ("a 65-character time zone", "job", {"expression": "0 9 * * *", "timezone": "E" * 65}, "zone"),
-    ("no time zone", "job", {"expression": "0 9 * * *", "timezone": None}, "zone"),
-    ("max_catch_up past 2**31 - 1", "job", {"expression": "0 9 * * *", "max_catch_up": 2**31}, "max_catch_up"),
-    ("max_catch_up=True", "job", {"expression": "0 9 * * *", "max_catch_up": True}, "max_catch_up"),
-    ("a name too long for cron:<name>", "n" * 96, {"expression": "0 9 * * *"}, "at most 95"),
-]  # fmt: skip
+    refused("30 February", "0 0 30 2 *", "no occurrence"),
+    refused("31 April", "0 0 31 4 *", "no occurrence"),
+    refused("a 7th field: a year gone by", "0 0 1 1 * 0 2020", "no occurrence"),
+    refused("a 7th field: this year, past", "0 0 1 1 * 0 2026", "no occurrence"),
+    refused("a 6th field on 30 February", "0 0 30 2 * 15", "no occurrence"),
+    refused("beyond croniter's 50 years", "0 0 1 1 * 0 2080", "50 years"),
+    refused("237 characters", EVERY_MINUTE_AND_HOUR, "longer than 200"),
+    refused("an empty expression", "", "needs a cron expression"),
+    refused("a blank expression", "   ", "needs a cron expression"),
+    refused("a seconds field out of range", "* * * * * 99", "invalid cron"),
+    refused("an unknown time zone", "0 9 * * *", "zone", timezone="Mars/Olympus"),
+    refused("a path as time zone", "0 9 * * *", "zone", timezone="../etc/passwd"),
+    refused("a 65-character time zone", "0 9 * * *", "zone", timezone="E" * 65),
+    refused("no time zone", "0 9 * * *", "zone", timezone=None),
+    refused("max_catch_up past 2**31 - 1", "0 9 * * *", "max_catch_up", max_catch_up=2**31),
+    refused("max_catch_up=True", "0 9 * * *", "max_catch_up", max_catch_up=True),
+    refused("a name too long for cron:<name>", "0 9 * * *", "at most 95", name="n" * 96),
+]
 
 
-@pytest.mark.parametrize(
-    ("name", "args", "message"), [row[1:] for row in REFUSED], ids=[row[0] for row in REFUSED]
-)
+@pytest.mark.parametrize(("name", "expression", "options", "message"), REFUSED)
 def test_a_cron_definition_that_cannot_fire_or_be_stored_is_refused(
-    registry, clock, name, args, message
+    registry, clock, name, expression, options, message
 ):
     clock.set(START)
-    expression = args.pop("expression")
     with pytest.raises(WorkflowDefinitionError, match=message):
-        define_workflow(name, trigger=on_cron(expression, **args), steps=[])
+        define_workflow(name, trigger=on_cron(expression, **options), steps=[])
     assert not registry.is_registered(name)
 
 
 ACCEPTED = [
-    ("29 February: every four years", "job", "0 0 29 2 *", "2028-02-29T00:00:00+00:00"),
-    ("the 5th Monday of February", "job", "0 0 * 2 MON#5", "2044-02-29T00:00:00+00:00"),
-    ("a year 49 years ahead", "job", "0 0 1 1 * 0 2075", "2075-01-01T00:00:00+00:00"),
-    ("a name of 95 characters", "n" * 95, "0 9 * * *", "2026-06-01T09:00:00+00:00"),
+    pytest.param("job", "0 0 29 2 *", "2028-02-29T00:00:00+00:00", id="29 February"),
+    pytest.param("job", "0 0 * 2 MON#5", "2044-02-29T00:00:00+00:00", id="5th Monday of Feb"),
+    pytest.param("job", "0 0 1 1 * 0 2075", "2075-01-01T00:00:00+00:00", id="49 years ahead"),
+    pytest.param("n" * 95, "0 9 * * *", "2026-06-01T09:00:00+00:00", id="a name of 95"),
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "expression", "first"), [row[1:] for row in ACCEPTED], ids=[r[0] for r in ACCEPTED]
-)
+@pytest.mark.parametrize(("name", "expression", "first"), ACCEPTED)
 def test_a_rare_but_real_occurrence_is_accepted_and_scheduled(
     registry, clock, name, expression, first
 ):
@@ -137,9 +137,7 @@ def errors_about(caplog, workflow: str) -> list[str]:
     ]
 
 
-def test_a_schedule_that_cannot_be_synced_does_not_stop_the_others(
-    registry, clock, choke, caplog
-):
+def test_a_schedule_that_cannot_be_synced_does_not_stop_the_others(registry, clock, choke, caplog):
     """The hole: sync raised on every batch and no schedule fired."""
     refused = choke()
     clock.set(START)
