@@ -202,7 +202,7 @@ def sync_schedules() -> None:
         try:
             _safely(_sync_one, workflow.name, trigger, row, now)
         except Exception as exc:
-            version = None if row is None else row.version
+            version = 0 if row is None else row.version
             _disable_broken(workflow.name, version, exc, definition=_definition(trigger))
     for row in rows.values():
         if row.registered:
@@ -247,14 +247,14 @@ def _disable_broken(
 ) -> None:
     """Disable a schedule the engine could not sync or fire, in a transaction of
     its own, and log the error once. ``version`` is the version the failure was
-    seen at: a schedule that moved on meanwhile was handled by another
-    scheduler. ``definition`` (from sync) is recorded too, so that the next
-    sync sees nothing new and stays quiet until the definition changes."""
+    seen at (0: no schedule yet): a schedule that moved on meanwhile was handled
+    by another scheduler. ``definition`` (from sync) is recorded too, so that
+    the next sync sees nothing new and stays quiet until the definition changes."""
     reason = _broken(cause)
     try:
         with transaction.atomic():
             row = _lock(workflow, None, skip_locked=False)
-            if row is not None and version is not None and row.version != version:
+            if version is not None and (0 if row is None else row.version) != version:
                 return
             if row is None:
                 if definition is None:
