@@ -10,6 +10,11 @@ Time zones: occurrences are computed in the schedule's IANA zone. A local
 time that does not exist (spring forward) fires at the first instant after
 the gap; a local time that happens twice (fall back) fires once, at its
 first occurrence.
+
+One schedule never stops the others: a schedule whose next occurrence cannot
+be computed, or whose firing raises, is disabled with the reason (``BROKEN``)
+and logged once; the loop goes on with the rest. A later deploy that changes
+its expression or zone enables it again; an operator's reason is kept.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
@@ -32,7 +37,7 @@ from kumiflow_django.context import TriggerEvent
 from kumiflow_django.definition import CronTrigger
 from kumiflow_django.durations import isoformat, parse_instant
 from kumiflow_django.engine import Conflict
-from kumiflow_django.exceptions import UnknownWorkflow
+from kumiflow_django.exceptions import UnknownWorkflow, WorkflowDefinitionError
 from kumiflow_django.locking import for_update
 from kumiflow_django.models.cron import CronSchedule
 from kumiflow_django.models.event import Event
@@ -44,15 +49,27 @@ logger = logging.getLogger("kumiflow_django.cron")
 #: Counting missed occurrences stops here (a per-second schedule after a long outage).
 _COUNT_CAP = 10_000
 
+#: How ``disabled_reason`` starts when the engine disabled a schedule itself
+#: because it could not compute or fire it. Only such a schedule (or one whose
+#: workflow was gone) is enabled again by a changed definition; a schedule an
+#: operator disabled stays disabled until an operator enables it.
+BROKEN = "broken: "
+NOT_REGISTERED = "workflow not registered"
+
 
 def occurrences(expression: str, timezone: str, after: datetime) -> Iterator[datetime]:
-    """Occurrences strictly after ``after``, as aware UTC datetimes."""
+    """Occurrences strictly after ``after``, as aware UTC datetimes. The sequence
+    ends where croniter finds none within ``CronTrigger.SEARCH_YEARS`` years (a
+    year field that has run out)."""
     tz = ZoneInfo(timezone)
     local_after = after.astimezone(tz)
-    it = croniter(expression, local_after)
+    it = croniter(expression, local_after, max_years_between_matches=CronTrigger.SEARCH_YEARS)
     last_wall = local_after.replace(tzinfo=None)
     while True:
-        local = it.get_next(datetime)
+        try:
+            local = it.get_next(datetime)
+        except CroniterBadDateError:
+            return
         wall = local.replace(tzinfo=None)
         if wall <= last_wall:
             continue  # the repeated hour of a fall-back change: fired already
@@ -61,7 +78,24 @@ def occurrences(expression: str, timezone: str, after: datetime) -> Iterator[dat
 
 
 def next_occurrence(expression: str, timezone: str, after: datetime) -> datetime:
-    return next(occurrences(expression, timezone, after))
+    for occurrence in occurrences(expression, timezone, after):
+        return occurrence
+    raise ValueError(
+        f"{expression!r} has no occurrence in {timezone} after {isoformat(after)} "
+        f"(croniter looks {CronTrigger.SEARCH_YEARS} years ahead)"
+    )
+
+
+def _fit(reason: str) -> str:
+    """A reason on one line, cut to the width of ``disabled_reason``."""
+    width = int(CronSchedule._meta.get_field("disabled_reason").max_length or 0)
+    text = " ".join(reason.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _broken(cause: BaseException | str) -> str:
+    text = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+    return _fit(BROKEN + text)
 
 
 def _definition(trigger: CronTrigger) -> dict[str, Any]:
@@ -90,12 +124,14 @@ def apply(schedule: CronSchedule | None, event: Event) -> CronSchedule:
         for key in ("expression", "timezone", "misfire", "max_catch_up", "overlap"):
             setattr(schedule, key, p[key])
         schedule.registered = True
-        if schedule.disabled_reason == "workflow not registered":
+        reason = schedule.disabled_reason
+        fixed = reason.startswith(BROKEN) and bool(p.get("next_fire_at"))
+        if reason == NOT_REGISTERED or fixed:
             schedule.enabled, schedule.disabled_reason = True, ""
     elif event.type == ev.CRON_REMOVED:
         schedule.registered = False
         schedule.enabled = False
-        schedule.disabled_reason = p["reason"]
+        schedule.disabled_reason = _fit(p["reason"])
     elif event.type == ev.CRON_FIRED:
         schedule.last_fired_at = event.created_at
         if p["scheduled_for"]:
@@ -111,7 +147,7 @@ def apply(schedule: CronSchedule | None, event: Event) -> CronSchedule:
         schedule.disabled_reason = ""
     elif event.type == ev.CRON_DISABLED:
         schedule.enabled = False
-        schedule.disabled_reason = p.get("reason", "disabled by an operator")
+        schedule.disabled_reason = _fit(p.get("reason") or "disabled by an operator")
     return schedule
 
 
@@ -154,46 +190,92 @@ def _safely(fn: Any, *args: Any) -> CronSchedule | None:
 
 def sync_schedules() -> None:
     """Bring the schedule rows in line with the registry: add new schedules,
-    recompute changed ones, disable those whose workflow is gone."""
+    recompute changed ones, disable those whose workflow is gone. Each schedule
+    is synced in its own transaction: one that fails is disabled as broken,
+    the others are synced."""
     now = clock.now()
     rows = {row.workflow: row for row in CronSchedule.objects.all()}
     for workflow in registry.cron_workflows():
         trigger = workflow.trigger
         assert isinstance(trigger, CronTrigger)
-        definition = _definition(trigger)
         row = rows.pop(workflow.name, None)
-        if row is None:
-            nxt = next_occurrence(trigger.expression, trigger.timezone, now)
-            _safely(
-                _record,
-                None,
-                workflow.name,
-                settings.DEFAULT_TENANT,
-                ev.CRON_REGISTERED,
-                definition | {"next_fire_at": isoformat(nxt)},
-            )
-            continue
-        current = {k: getattr(row, k) for k in definition}
-        if current != definition or not row.registered:
-            payload = dict(definition)
-            timing = ("expression", "timezone")
-            if any(current[k] != definition[k] for k in timing) or not row.registered:
-                nxt = next_occurrence(trigger.expression, trigger.timezone, now)
-                payload["next_fire_at"] = isoformat(nxt)
-            _safely(_record, row, row.workflow, row.tenant_id, ev.CRON_CHANGED, payload)
+        try:
+            _safely(_sync_one, workflow.name, trigger, row, now)
+        except Exception as exc:
+            version = 0 if row is None else row.version
+            _disable_broken(workflow.name, version, exc, definition=_definition(trigger))
     for row in rows.values():
         if row.registered:
             logger.warning(
                 "cron schedule %s disabled: its workflow is not registered", row.workflow
             )
-            _safely(
-                _record,
-                row,
-                row.workflow,
-                row.tenant_id,
-                ev.CRON_REMOVED,
-                {"reason": "workflow not registered", "next_fire_at": None},
-            )
+            try:
+                _safely(_remove, row)
+            except Exception:
+                logger.exception("cron schedule %s: disabling it failed", row.workflow)
+
+
+def _sync_one(name: str, trigger: CronTrigger, row: CronSchedule | None, now: datetime) -> None:
+    definition = _definition(trigger)
+    if row is None:
+        nxt = next_occurrence(trigger.expression, trigger.timezone, now)
+        payload = definition | {"next_fire_at": isoformat(nxt)}
+        _record(None, name, settings.DEFAULT_TENANT, ev.CRON_REGISTERED, payload)
+        return
+    current = {k: getattr(row, k) for k in definition}
+    if current == definition and row.registered:
+        return
+    payload = dict(definition)
+    timing = ("expression", "timezone")
+    if any(current[k] != definition[k] for k in timing) or not row.registered:
+        nxt = next_occurrence(trigger.expression, trigger.timezone, now)
+        payload["next_fire_at"] = isoformat(nxt)
+    _record(row, row.workflow, row.tenant_id, ev.CRON_CHANGED, payload)
+
+
+def _remove(row: CronSchedule) -> CronSchedule:
+    payload = {"reason": NOT_REGISTERED, "next_fire_at": None}
+    return _record(row, row.workflow, row.tenant_id, ev.CRON_REMOVED, payload)
+
+
+def _disable_broken(
+    workflow: str,
+    version: int | None,
+    cause: BaseException,
+    *,
+    definition: dict[str, Any] | None = None,
+) -> None:
+    """Disable a schedule the engine could not sync or fire, in a transaction of
+    its own, and log the error once. ``version`` is the version the failure was
+    seen at (0: no schedule yet): a schedule that moved on meanwhile was handled
+    by another scheduler. ``definition`` (from sync) is recorded too, so that
+    the next sync sees nothing new and stays quiet until the definition changes."""
+    reason = _broken(cause)
+    try:
+        with transaction.atomic():
+            row = _lock(workflow, None, skip_locked=False)
+            if version is not None and (0 if row is None else row.version) != version:
+                return
+            if row is None:
+                if definition is None:
+                    return
+                payload = definition | {"next_fire_at": None}
+                tenant = settings.DEFAULT_TENANT
+                row = _record(None, workflow, tenant, ev.CRON_REGISTERED, payload)
+            elif definition is not None and (
+                not row.registered or any(getattr(row, k) != v for k, v in definition.items())
+            ):
+                payload = definition | {"next_fire_at": None}
+                row = _record(row, workflow, row.tenant_id, ev.CRON_CHANGED, payload)
+            if row.enabled or row.disabled_reason.startswith(BROKEN):
+                payload = {"reason": reason, "next_fire_at": None}
+                _record(row, workflow, row.tenant_id, ev.CRON_DISABLED, payload)
+    except (IntegrityError, Conflict):
+        return  # another scheduler changed the schedule first
+    except Exception:
+        logger.exception("cron schedule %s failed (%s); disabling it failed too", workflow, reason)
+        return
+    logger.error("cron schedule %s disabled: %s", workflow, reason, exc_info=cause)
 
 
 def _lock(workflow: str, version: int | None, *, skip_locked: bool) -> CronSchedule | None:
@@ -257,58 +339,70 @@ def _choose(schedule: CronSchedule, now: datetime) -> tuple[list[datetime], int]
 
 
 def fire_schedule(workflow: str, version: int | None = None) -> int:
-    """Fire the due occurrences of one schedule; return the number of runs started."""
+    """Fire the due occurrences of one schedule; return the number of runs started.
+
+    Whatever this schedule raises stays with it: it is disabled as broken and
+    the error logged once, and the caller goes on with the next schedule."""
     now = clock.now()
-    with transaction.atomic():
-        schedule = _lock(workflow, version, skip_locked=True)
-        if schedule is None or not schedule.enabled or schedule.next_fire_at is None:
-            return 0
-        if schedule.next_fire_at > now:
-            return 0
-        current = registry.get(workflow) if registry.is_registered(workflow) else None
-        if current is None or not isinstance(current.trigger, CronTrigger):
-            logger.warning("cron schedule %s disabled: its workflow is not registered", workflow)
-            _safely(
-                _record,
+    seen = version
+    try:
+        with transaction.atomic():
+            schedule = _lock(workflow, version, skip_locked=True)
+            if schedule is None or not schedule.enabled or schedule.next_fire_at is None:
+                return 0
+            if schedule.next_fire_at > now:
+                return 0
+            seen = schedule.version
+            return _fire(schedule, now)
+    except Exception as exc:
+        _disable_broken(workflow, seen, exc)
+        return 0
+
+
+def _fire(schedule: CronSchedule, now: datetime) -> int:
+    """Fire a locked, due schedule (inside the caller's transaction)."""
+    assert schedule.next_fire_at is not None
+    workflow = schedule.workflow
+    current = registry.get(workflow) if registry.is_registered(workflow) else None
+    if current is None or not isinstance(current.trigger, CronTrigger):
+        logger.warning("cron schedule %s disabled: its workflow is not registered", workflow)
+        _safely(_remove, schedule)
+        return 0
+    chosen, skipped = _choose(schedule, now)
+    run_ids: list[str] = []
+    fired: list[str] = []
+    for occurrence in chosen:
+        if schedule.overlap == "skip" and _active_run(workflow):
+            skipped += 1
+            continue
+        run_ids.append(_start(schedule, occurrence))
+        fired.append(isoformat(occurrence))
+    last = max(now, schedule.next_fire_at)
+    nxt = next(occurrences(schedule.expression, schedule.timezone, last), None)
+    if skipped:
+        logger.info("cron %s: %d occurrence(s) skipped (%s)", workflow, skipped, schedule.misfire)
+    try:
+        with transaction.atomic():
+            schedule = _record(
                 schedule,
                 workflow,
                 schedule.tenant_id,
-                ev.CRON_REMOVED,
-                {"reason": "workflow not registered", "next_fire_at": None},
+                ev.CRON_FIRED if run_ids else ev.CRON_SKIPPED,
+                {
+                    "scheduled_for": fired,
+                    "run_ids": run_ids,
+                    "skipped": skipped,
+                    "next_fire_at": None if nxt is None else isoformat(nxt),
+                },
             )
-            return 0
-        chosen, skipped = _choose(schedule, now)
-        run_ids: list[str] = []
-        fired: list[str] = []
-        for occurrence in chosen:
-            if schedule.overlap == "skip" and _active_run(workflow):
-                skipped += 1
-                continue
-            run_ids.append(_start(schedule, occurrence))
-            fired.append(isoformat(occurrence))
-        last = max(now, schedule.next_fire_at)
-        nxt = next_occurrence(schedule.expression, schedule.timezone, last)
-        if skipped:
-            logger.info(
-                "cron %s: %d occurrence(s) skipped (%s)", workflow, skipped, schedule.misfire
-            )
-        try:
-            with transaction.atomic():
-                _record(
-                    schedule,
-                    workflow,
-                    schedule.tenant_id,
-                    ev.CRON_FIRED if run_ids else ev.CRON_SKIPPED,
-                    {
-                        "scheduled_for": fired,
-                        "run_ids": run_ids,
-                        "skipped": skipped,
-                        "next_fire_at": isoformat(nxt),
-                    },
-                )
-        except (IntegrityError, Conflict):
-            transaction.set_rollback(True)  # another scheduler fired it: undo our starts
-            return 0
+    except (IntegrityError, Conflict):
+        transaction.set_rollback(True)  # another scheduler fired it: undo our starts
+        return 0
+    if nxt is None:  # a year field that has run out: this was the last occurrence
+        reason = _broken(f"no occurrence after {isoformat(last)}")
+        payload = {"reason": reason, "next_fire_at": None}
+        _record(schedule, workflow, schedule.tenant_id, ev.CRON_DISABLED, payload)
+        logger.warning("cron schedule %s disabled: %s", workflow, reason)
     return len(run_ids)
 
 
@@ -334,7 +428,10 @@ def fire_now(workflow: str) -> str:
 
 def set_enabled(workflow: str, enabled: bool, *, reason: str = "") -> CronSchedule:
     """Switch a schedule on or off. Switched on, it fires from the next occurrence
-    after now: occurrences missed while it was off are not caught up."""
+    after now: occurrences missed while it was off are not caught up. Switched
+    off, it stays off until it is switched on (a deploy does not switch it on)."""
+    if reason.startswith(BROKEN):
+        raise ValueError(f"an operator's reason must not start with {BROKEN!r}")
     with transaction.atomic():
         schedule = _lock(workflow, None, skip_locked=False)
         if schedule is None:
@@ -342,7 +439,12 @@ def set_enabled(workflow: str, enabled: bool, *, reason: str = "") -> CronSchedu
         if schedule.enabled == enabled:
             return schedule
         if enabled:
-            nxt = next_occurrence(schedule.expression, schedule.timezone, clock.now())
+            try:
+                nxt = next_occurrence(schedule.expression, schedule.timezone, clock.now())
+            except Exception as exc:
+                raise WorkflowDefinitionError(
+                    f"schedule {workflow!r} cannot be enabled: {exc}"
+                ) from exc
             payload = {"next_fire_at": isoformat(nxt)}
             return _record(schedule, workflow, schedule.tenant_id, ev.CRON_ENABLED, payload)
         payload = {"reason": reason or "disabled by an operator"}

@@ -23,15 +23,21 @@ class CronLoop(Loop):
 
     def run_once(self) -> int:
         if not self._synced:
-            sync_schedules()
-            self._synced = True
+            # A schedule that fails to sync is disabled inside; what still raises
+            # here is the database itself. The due schedules fire all the same.
+            try:
+                sync_schedules()
+            except Exception:
+                logger.exception("cron: syncing the schedules failed; trying again next poll")
+            else:
+                self._synced = True
         fired = 0
         due = CronSchedule.objects.due(clock.now()).order_by("next_fire_at")
         for workflow, version in due.values_list("workflow", "version")[: self.batch_size]:
             if self.stopping:
                 break
             try:
-                fired += fire_schedule(workflow, version)
+                fired += fire_schedule(workflow, version)  # disables a schedule that raises
             except Exception:
                 logger.exception("cron %s: firing failed; it stays due", workflow)
         return fired

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zoneinfo
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from kumiflow_django.exceptions import WorkflowDefinitionError
 from kumiflow_django.fingerprint import UnstableValue, callable_digest, canonical_value, fingerprint
@@ -51,26 +51,88 @@ class CronTrigger:
     max_catch_up: int = 10
     overlap: str = "allow"
 
+    #: croniter gives up looking for the next occurrence this many years ahead:
+    #: what bounds, in time, the check below and every computation of a schedule.
+    SEARCH_YEARS: ClassVar[int] = 50
+    #: The largest value every database's ``PositiveIntegerField`` holds.
+    MAX_CATCH_UP: ClassVar[int] = 2**31 - 1
+
     def validate(self) -> None:
+        """Refuse what the cron loop could not store or would never fire: an
+        expression or zone too long for its column, and an expression with no
+        occurrence after now (30 February, a year in the past)."""
+        from datetime import datetime
+
         from croniter import croniter
 
+        from kumiflow_django import clock
+
+        widths = _cron_columns()
         if not isinstance(self.expression, str) or not self.expression.strip():
             raise ValueError(f"on_cron needs a cron expression, not {self.expression!r}")
+        if len(self.expression) > widths["expression"]:
+            raise ValueError(
+                f"the cron expression is longer than {widths['expression']} characters: "
+                f"{self.expression[:40]!r}…"
+            )
         if not croniter.is_valid(self.expression, second_at_beginning=False):
             raise ValueError(f"invalid cron expression {self.expression!r}")
+        if isinstance(self.timezone, str) and len(self.timezone) > widths["timezone"]:
+            raise ValueError(
+                f"the time zone is longer than {widths['timezone']} characters: "
+                f"{self.timezone[:40]!r}…"
+            )
         try:
-            zoneinfo.ZoneInfo(self.timezone)
+            zone = zoneinfo.ZoneInfo(self.timezone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
             raise ValueError(f"unknown time zone {self.timezone!r}") from exc
         if self.misfire not in MISFIRE_POLICIES:
             raise ValueError(f"misfire must be one of {MISFIRE_POLICIES}, not {self.misfire!r}")
         if self.overlap not in OVERLAP_POLICIES:
             raise ValueError(f"overlap must be one of {OVERLAP_POLICIES}, not {self.overlap!r}")
-        if not isinstance(self.max_catch_up, int) or self.max_catch_up < 1:
-            raise ValueError(f"max_catch_up must be a positive integer, not {self.max_catch_up!r}")
+        if (
+            not isinstance(self.max_catch_up, int)
+            or isinstance(self.max_catch_up, bool)
+            or not 1 <= self.max_catch_up <= self.MAX_CATCH_UP
+        ):
+            raise ValueError(
+                f"max_catch_up must be an integer from 1 to {self.MAX_CATCH_UP}, "
+                f"not {self.max_catch_up!r}"
+            )
+        start = clock.now().astimezone(zone)
+        try:
+            it = croniter(self.expression, start, max_years_between_matches=self.SEARCH_YEARS)
+            it.get_next(datetime)
+        except (ValueError, OverflowError) as exc:  # croniter's errors are ValueErrors
+            raise ValueError(
+                f"cron expression {self.expression!r} has no occurrence in {self.timezone} "
+                f"in the {self.SEARCH_YEARS} years after {start:%Y-%m-%d %H:%M}"
+            ) from exc
+
+    def validate_name(self, name: str) -> None:
+        """The schedule's stream id (``cron:<name>``) must fit the event log's column."""
+        width = _cron_columns()["stream_id"] - len("cron:")
+        if len(name) > width:
+            raise ValueError(f"the name of a cron workflow has at most {width} characters")
 
     def canonical(self) -> dict[str, Any]:
         return {"kind": "cron", "expression": self.expression, "timezone": self.timezone}
+
+
+def _cron_columns() -> dict[str, int]:
+    """The widths of the columns a schedule is stored in, read from the models
+    (loaded by then: workflows are defined once the app registry is ready)."""
+    from kumiflow_django.models.cron import CronSchedule
+    from kumiflow_django.models.event import Event
+
+    def width(model: Any, name: str) -> int:
+        return int(model._meta.get_field(name).max_length)
+
+    return {
+        "expression": width(CronSchedule, "expression"),
+        "timezone": width(CronSchedule, "timezone"),
+        "stream_id": width(Event, "stream_id"),
+    }
 
 
 @dataclass(frozen=True)
@@ -263,6 +325,8 @@ def define_workflow(
         raise WorkflowDefinitionError(f"workflow {name!r}: {trigger!r} is not a trigger")
     try:
         trigger.validate()
+        if isinstance(trigger, CronTrigger):
+            trigger.validate_name(name)
     except ValueError as exc:
         raise WorkflowDefinitionError(f"workflow {name!r}, trigger: {exc}") from exc
     if start_mode not in START_MODES:

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
@@ -60,6 +62,36 @@ class CappedPaginator(Paginator):
         return int(rows[: self.CAP + 1].count())
 
 
+#: What ``field_value`` answers for a value the field cannot hold.
+UNFIT = object()
+
+
+def field_value(field: Any, raw: str) -> Any:
+    """``raw`` as a value of ``field``, converted and validated by the field
+    itself (a UUID, an integer in the column's range, a string that fits), or
+    ``UNFIT``: no row can hold it, so a filter on it matches nothing, and a
+    query with it could fail (PostgreSQL refuses a NUL character: a 500)."""
+    if "\x00" in raw:
+        return UNFIT
+    try:
+        return field.clean(raw, None)
+    except ValidationError:
+        return UNFIT
+
+
+class CheckedChangeList(ChangeList):
+    """Django's change list, showing no rows for a filter value with a NUL
+    character: Django's own field filters pass it to the query. (Its search
+    box refuses one itself.)"""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, exclude_parameters)
+        params = self.get_filters_params()
+        if any("\x00" in value for values in params.values() for value in values):
+            return queryset.none()
+        return queryset
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     paginator = CappedPaginator
     show_full_result_count = False
@@ -73,6 +105,20 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return CheckedChangeList
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        """The object, or None (Django's "does not exist") for an id the key
+        cannot hold, before any query is made with it."""
+        opts = self.model._meta
+        field = opts.pk if from_field is None else opts.get_field(from_field)
+        if field_value(field, object_id) is UNFIT:
+            return None
+        return super().get_object(request, object_id, from_field)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in self.model._meta.concrete_fields] + list(self.readonly_fields)
@@ -123,20 +169,29 @@ def apply_each(
     return done, skipped
 
 
-class InputFilter(admin.SimpleListFilter):
+class FieldFilter(admin.SimpleListFilter):
+    """A filter on one model field: a value the field cannot hold (not a UUID,
+    too long, a NUL character) shows an empty list, not a server error."""
+
+    field: str = ""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        raw = (self.value() or "").strip()
+        if not raw:
+            return queryset
+        value = field_value(queryset.model._meta.get_field(self.field), raw)
+        if value is UNFIT:
+            return queryset.none()
+        return queryset.filter(**{self.field: value})
+
+
+class InputFilter(FieldFilter):
     """A filter with a text box: its choices would need a query over the whole table."""
 
     template = "kumiflow/input_filter.html"
-    field: str = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, str]]:
         return [("", "")]  # the filter must have a choice to be shown
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value:
-            return queryset.filter(**{self.field: value.strip()})
-        return queryset
 
     def choices(self, changelist: Any) -> Iterator[Any]:
         query = {

@@ -7,16 +7,23 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from kumiflow_django import matching, operations
-from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, apply_each, badge, pretty
+from kumiflow_django.admin.base import (
+    FieldFilter,
+    InputFilter,
+    ReadOnlyAdmin,
+    apply_each,
+    badge,
+    pretty,
+)
 from kumiflow_django.exceptions import InvalidRunState, KumiflowError
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import FINISHED, RunStatus, WorkflowRun
@@ -33,16 +40,14 @@ OPERATIONS: dict[str, tuple[Callable[..., Any], list[RunStatus], str]] = {
 }
 
 
-class WorkflowFilter(admin.SimpleListFilter):
+class WorkflowFilter(FieldFilter):
     title = "workflow"
     parameter_name = "workflow"
+    field = "workflow"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         names = sorted(w.name for w in registry.current())
         return [(n, n) for n in names]  # from the registry: no query over the runs
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(workflow=self.value()) if self.value() else queryset
 
 
 class TenantFilter(InputFilter):
@@ -179,7 +184,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        run = get_object_or_404(WorkflowRun, pk=object_id)
+        run = self._run_or_404(request, object_id)
         events = list(
             Event.objects.filter(stream_id=str(run.id), tenant_id=run.tenant_id).order_by(
                 "-version"
@@ -207,6 +212,12 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             request, object_id, form_url, {**context, **(extra_context or {})}
         )
 
+    def _run_or_404(self, request: HttpRequest, object_id: str) -> WorkflowRun:
+        run = self.get_object(request, unquote(object_id))  # None for a malformed id too
+        if run is None:
+            raise Http404("no run with this id")
+        return run  # type: ignore[no-any-return]
+
     def get_urls(self) -> list[Any]:
         urls = [
             path(
@@ -223,14 +234,15 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         if not self.user_can(request, f"{operation}_workflowrun"):
             raise PermissionDenied
+        run = self._run_or_404(request, object_id)
         function, _, label = OPERATIONS[operation]
         try:
-            function(object_id)
+            function(run.id)
         except KumiflowError as exc:
             self.message_user(request, f"Not {label}: {exc}", messages.ERROR)
         else:
             self.message_user(request, f"Run {label}.", messages.SUCCESS)
-        return HttpResponseRedirect(reverse("admin:kumiflow_workflowrun_change", args=[object_id]))
+        return HttpResponseRedirect(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
 
     # -- actions ------------------------------------------------------------
     def has_cancel_permission(self, request: HttpRequest) -> bool:
