@@ -107,11 +107,6 @@ REFUSED = [
         id="partial-of-object",
     ),
     pytest.param(
-        [s.compute(object(), lambda ctx: 1)],  # type: ignore[arg-type]
-        r"step 0 \(compute\), name",
-        id="object-as-name",
-    ),
-    pytest.param(
         [s.for_each([1], "i", do=[s.branch(True, then=body(object()))])],
         r"step 0\.do\.0\.then\.0 \(webhook_send\), argument 'body'",
         id="nested-step",
