@@ -59,6 +59,7 @@ class Context:
         wake: Wake | None = None,
         depth: int = 0,
         since_position: int = 0,
+        since_gaps: tuple[int, ...] = (),
     ) -> None:
         self.event = event
         self.run = run
@@ -69,6 +70,8 @@ class Context:
         self.depth = depth
         #: Awaited events are looked for after this log position (the run's start).
         self.since_position = since_position
+        #: Positions below it whose transactions were still open then.
+        self.since_gaps = since_gaps
         #: Static paths of the steps this segment ran (for the admin's picture).
         self.trail: list[str] = []
         #: Extra work the segment commits with the run: ``(kind, data)`` pairs.

@@ -168,6 +168,7 @@ def advance(
         wake=wake,
         depth=_depth.get(),
         since_position=run.since_position,
+        since_gaps=tuple(run.since_gaps or ()),
     )
     token = _depth.set(_depth.get() + 1)
     try:

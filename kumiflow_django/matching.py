@@ -19,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
 
 if TYPE_CHECKING:
@@ -133,15 +133,56 @@ def matches(event: Any, values: Mapping[str, Any]) -> bool:
     return True
 
 
-def lookback(
-    tenant: str, event_types: tuple[str, ...], values: Mapping[str, Any], after: int
-) -> Event | None:
-    """The first event of the tenant after position ``after`` that matches, if any."""
+#: How far below a cut-off position :func:`gaps_below` looks for transactions
+#: still in flight. An event whose transaction stays open while more events
+#: than this are appended by others is not seen by the look-back of a run
+#: that started meanwhile (documented in docs/steps/wait_for_event.md).
+GAP_WINDOW = 1000
+#: Most gaps kept per run (the newest: in-flight positions are recent ones).
+MAX_GAPS = 200
+
+
+def gaps_below(position: int) -> list[int]:
+    """Positions at or below ``position`` not visible now: their transactions
+    are still open (or were rolled back, leaving a hole for good).
+
+    On PostgreSQL and MariaDB a position is taken when the event is inserted,
+    not when it commits: an event that commits after a run started can have
+    a smaller position than the run's cut-off. The run keeps these gaps, and
+    an event at one of them counts as after its start.
+    """
     from kumiflow_django.models.event import Event
 
-    qs: QuerySet[Event] = Event.objects.filter(
-        tenant_id=tenant, type__in=event_types, position__gt=after
+    low = max(0, position - GAP_WINDOW)
+    present = set(
+        Event.objects.filter(position__gt=low, position__lte=position).values_list(
+            "position", flat=True
+        )
     )
+    gaps = [p for p in range(low + 1, position + 1) if p not in present]
+    return gaps[-MAX_GAPS:]
+
+
+def after_cutoff(position: int, after: int, gaps: Collection[int]) -> bool:
+    """Whether an event at ``position`` counts as after a cut-off with its gaps."""
+    return position > after or position in gaps
+
+
+def lookback(
+    tenant: str,
+    event_types: tuple[str, ...],
+    values: Mapping[str, Any],
+    after: int,
+    gaps: Collection[int] = (),
+) -> Event | None:
+    """The first event of the tenant after position ``after`` (or at one of the
+    cut-off's ``gaps``) that matches, if any."""
+    from kumiflow_django.models.event import Event
+
+    window = Q(position__gt=after)
+    if gaps:
+        window |= Q(position__in=sorted(gaps))
+    qs: QuerySet[Event] = Event.objects.filter(window, tenant_id=tenant, type__in=event_types)
     vendor = connections[qs.db].vendor
     for index, (path, value) in enumerate(sorted(values.items())):
         qs = _narrow(qs, index, path, value, vendor)

@@ -100,8 +100,26 @@ def satisfies(run: WorkflowRun, event: Event) -> bool:
         run.status == RunStatus.WAITING_EVENT
         and run.awaited_event_type in awaited_as(event.type)
         and event.tenant_id == run.tenant_id
-        and event.position > (run.awaited_after or 0)
+        and matching.after_cutoff(event.position, run.awaited_after or 0, awaited_gaps(run))
         and matching.matches(event, run.awaited_match or {})
+    )
+
+
+def awaited_gaps(run: WorkflowRun) -> tuple[int, ...]:
+    """The gaps of the run's start, when its wait looks back to its start."""
+    if run.since_gaps and run.awaited_after == run.since_position:
+        return tuple(run.since_gaps)
+    return ()
+
+
+def lookback(run: WorkflowRun) -> Event | None:
+    """The first event since the wait's cut-off that satisfies the waiting run."""
+    return matching.lookback(
+        run.tenant_id,
+        event_types_for(run.awaited_event_type or ""),
+        run.awaited_match or {},
+        run.awaited_after or 0,
+        awaited_gaps(run),
     )
 
 
@@ -155,12 +173,7 @@ def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
             )
         return Wake("event", event)
     # The timeout is over: a matching event may have slipped in since the wait began.
-    found = matching.lookback(
-        run.tenant_id,
-        event_types_for(run.awaited_event_type or ""),
-        run.awaited_match or {},
-        run.awaited_after or 0,
-    )
+    found = lookback(run)
     return Wake("event", found) if found is not None else Wake("timeout")
 
 
@@ -226,10 +239,11 @@ def _waiting_query(event: Event) -> Any:
             condition = q if condition is None else condition | q
     if condition is None:
         return None
+    # No cut-off in SQL: an event that commits late may have a position below
+    # a run's cut-off and still count (a gap of its start); ``satisfies`` decides.
     return (
         WorkflowRun.objects.filter(condition)
         .filter(tenant_id=event.tenant_id, status=RunStatus.WAITING_EVENT)
-        .filter(awaited_after__lt=event.position)
         .order_by("started_at")
     )
 
@@ -311,11 +325,6 @@ def _recheck_run(run_id: uuid.UUID, version: int) -> None:
     run = WorkflowRun.objects.filter(pk=run_id, version=version).first()
     if run is None or run.status != RunStatus.WAITING_EVENT or run.matched_position is not None:
         return
-    found = matching.lookback(
-        run.tenant_id,
-        event_types_for(run.awaited_event_type or ""),
-        run.awaited_match or {},
-        run.awaited_after or 0,
-    )
+    found = lookback(run)
     if found is not None:
         _deliver(run_id, found)

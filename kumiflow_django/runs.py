@@ -60,6 +60,7 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
             trail=[],
             wake_at=event.created_at if deferred else None,
             since_position=p.get("since", 0),
+            since_gaps=p.get("since_gaps") or None,
             trigger_type=trigger.get("type", ""),
             trigger_position=trigger.get("position"),
             idempotency_key=p.get("idempotency_key"),

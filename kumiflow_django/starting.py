@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 
+from kumiflow_django import matching
 from kumiflow_django import run_events as ev
 from kumiflow_django.conf import settings
 from kumiflow_django.context import TriggerEvent, Wake, new_state
@@ -27,7 +28,7 @@ from kumiflow_django.jsonvalues import clean_text, to_json
 from kumiflow_django.models.event import Event
 from kumiflow_django.models.run import WorkflowRun
 from kumiflow_django.registry import registry
-from kumiflow_django.resuming import after_segment
+from kumiflow_django.resuming import after_segment, writers_serialized
 from kumiflow_django.runner import Opening, Prepared, Steps, execute, keyed_run
 
 logger = logging.getLogger("kumiflow_django.starting")
@@ -174,6 +175,10 @@ def start_run(
             started["idempotency_key"] = key
         if input_ is not None:
             started["input"] = input_
+        if workflow.awaited and not writers_serialized():
+            gaps = matching.gaps_below(since)
+            if gaps:
+                started["since_gaps"] = gaps
         reason = failure
         if reason is None and current_depth() >= settings.MAX_START_DEPTH:
             reason = Failure(

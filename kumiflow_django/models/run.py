@@ -69,6 +69,10 @@ class WorkflowRun(models.Model):
     correlation_key = models.CharField(_("correlation key"), max_length=64, blank=True)
     awaited_match = models.JSONField(_("awaited match"), null=True, blank=True)
     since_position = models.BigIntegerField(_("started at position"), default=0)
+    # Positions at or below ``since_position`` that were not visible when the
+    # run started (transactions still open then): their events, once
+    # committed, count as "after the start" too. See matching.gaps_below().
+    since_gaps = models.JSONField(_("positions in flight at the start"), null=True, blank=True)
     awaited_after = models.BigIntegerField(_("awaits events after"), null=True, blank=True)
     matched_position = models.BigIntegerField(_("matched event"), null=True, blank=True)
     attempt = models.PositiveIntegerField(_("attempt"), default=1)

@@ -57,7 +57,8 @@ class WaitForEventKind(StepKind):
             for p, v in step.args["match"].items()
         }
         after = max(ctx.since_position, consumed.get(event_type, 0))
-        found = matching.lookback(ctx.tenant, (event_type,), values, after)
+        gaps = ctx.since_gaps if after == ctx.since_position else ()
+        found = matching.lookback(ctx.tenant, (event_type,), values, after, gaps)
         if found is not None:
             consumed[event_type] = found.position
             return matching.event_result(found)
