@@ -23,7 +23,7 @@ from kumiflow_django.backoff import BackoffPolicy
 from kumiflow_django.context import Context, Suspend, path_text
 from kumiflow_django.durations import parse_instant
 from kumiflow_django.exceptions import InvalidEvent
-from kumiflow_django.jsonvalues import to_json
+from kumiflow_django.jsonvalues import clean_text, to_json
 from kumiflow_django.models.dispatch import DELIVERABLE, Dispatch, DispatchStatus
 from kumiflow_django.models.event import Event
 
@@ -89,7 +89,9 @@ def request(
     try:
         body = to_json(dict(payload), f"the {kind} request")
     except InvalidEvent as exc:
-        body, problem = {k: repr(v)[:200] for k, v in payload.items()}, str(exc)
+        # Kept for the operator to read, in a form every database stores.
+        body = {clean_text(str(k), 100): clean_text(repr(v), 200) for k, v in payload.items()}
+        problem = str(exc)
     policy = policy_for(retry)
     if problem is None:
         dispatch_kind = get_dispatch_kind(kind)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
+from functools import partial
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -22,6 +23,7 @@ from kumiflow_django import clock, matching, wakeups
 from kumiflow_django import run_events as ev
 from kumiflow_django.conf import settings
 from kumiflow_django.context import TriggerEvent, Wake, check_state
+from kumiflow_django.dberrors import is_transient
 from kumiflow_django.definition import Workflow
 from kumiflow_django.engine import Conflict, Failure, Segment
 from kumiflow_django.locking import for_update
@@ -265,12 +267,29 @@ def wake_waiters(event: Event) -> None:
             # Lock and read the waiting runs in one statement, then resume each.
             for run in for_update(qs):
                 if satisfies(run, event):
-                    resume_locked(run, Wake("event", event))
+                    _wake_inline(run, event)
         else:
             for run_id in qs.values_list("id", flat=True):
                 mark_matched(run_id, event)
     if not writers_serialized():
-        transaction.on_commit(lambda: _recheck_event(event))
+        # robust: the appender's commit succeeded; a failing check must not
+        # look like a failed commit to it (the resume loop finds the run later).
+        transaction.on_commit(partial(_recheck_event, event), robust=True)
+
+
+def _wake_inline(run: WorkflowRun, event: Event) -> None:
+    """Resume a waiting run in the appending transaction; never fail the append.
+
+    A refused segment is recorded by the runner; if even that is refused, the
+    run stays waiting (its event is in the log: a later look-back finds it)
+    and the appender's transaction goes on.
+    """
+    try:
+        resume_locked(run, Wake("event", event))
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        logger.exception("run %s: could not be woken by event %s", run.id, event.position)
 
 
 def _deliver(run_id: uuid.UUID, event: Event) -> None:
@@ -317,7 +336,7 @@ def recheck_after_commit(run: WorkflowRun) -> None:
     if writers_serialized():
         return
     run_id, version = run.id, run.version
-    transaction.on_commit(lambda: _recheck_run(run_id, version))
+    transaction.on_commit(partial(_recheck_run, run_id, version), robust=True)
 
 
 def _recheck_run(run_id: uuid.UUID, version: int) -> None:

@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.db import connection, transaction
 
@@ -48,10 +49,10 @@ def work_committed(
     if alias and run_id is not None and kind == "resume":
         from kumiflow_django import tasks
 
-        transaction.on_commit(lambda: tasks.enqueue(alias, run_id, when))
+        transaction.on_commit(partial(tasks.enqueue, alias, run_id, when), robust=True)
     if when is not None and when > clock.now() + timedelta(seconds=settings.MAX_INTERVAL):
         return  # far away: the loops will find it by polling
-    transaction.on_commit(lambda: announce(kind))
+    transaction.on_commit(partial(announce, kind), robust=True)
 
 
 def announce_local(kind: str) -> None:
