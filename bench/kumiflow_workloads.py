@@ -155,7 +155,7 @@ def w3(db: str) -> dict[str, Any]:
 
 def _poll_ms(repeat: int = 1000) -> float:
     """The median round trip of one poll for due work, after a warm-up."""
-    from kumiflow_django.resume_loop import due_runs
+    from kumiflow_django.workers.resume import due_runs
 
     now = datetime.now(UTC)
     for _ in range(100):

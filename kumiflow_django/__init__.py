@@ -3,12 +3,36 @@
 The public API is importable from this package. Names are loaded on first
 use, so importing the package (for example from a ``workflows.py``) never
 touches the model registry.
+
+The package is cut into layers; each imports only the layers below it
+(checked by import-linter in ``make lint``; docs/architecture.md)::
+
+    admin | management            Django's fixed places: the console, the commands
+    workers                       the loops: resume, dispatch, cron; the worker
+    cron                          schedules that fire each occurrence once
+    engine                        segments, the runner, start, resume, operations
+    outbox                        delivery kinds, requests, delivery, actions
+    projections                   the stream-write helper; runs, dispatches, schedules
+    steps                         the step vocabulary, one module per kind
+    definition                    workflows, triggers, the context, registries
+    store                         the event log, its rules, errors and names
+
+At the root only the app's conventional modules: ``apps``, ``conf``,
+``checks``, ``signals``, ``models`` (where Django looks), ``tasks`` (where
+a queued Django task's import path must not move) and ``testing``.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -18,44 +42,44 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "wake_run": "kumiflow_django.operations",
-    "retry_run": "kumiflow_django.operations",
-    "cancel_run": "kumiflow_django.operations",
-    "InvalidDispatchState": "kumiflow_django.exceptions",
-    "DispatchNotFound": "kumiflow_django.exceptions",
-    "cancel_dispatch": "kumiflow_django.outbox",
-    "redeliver": "kumiflow_django.outbox",
+    "wake_run": "kumiflow_django.engine.operations",
+    "retry_run": "kumiflow_django.engine.operations",
+    "cancel_run": "kumiflow_django.engine.operations",
+    "InvalidDispatchState": "kumiflow_django.store.errors",
+    "DispatchNotFound": "kumiflow_django.store.errors",
+    "cancel_dispatch": "kumiflow_django.outbox.actions",
+    "redeliver": "kumiflow_django.outbox.actions",
     # workflows
-    "define_workflow": "kumiflow_django.definition",
-    "on_event": "kumiflow_django.definition",
-    "on_cron": "kumiflow_django.definition",
-    "manual": "kumiflow_django.definition",
-    "Workflow": "kumiflow_django.definition",
-    "start_workflow": "kumiflow_django.starting",
-    "define_projection": "kumiflow_django.projections",
-    "register_dispatch_kind": "kumiflow_django.outbox",
+    "define_workflow": "kumiflow_django.definition.workflow",
+    "on_event": "kumiflow_django.definition.triggers",
+    "on_cron": "kumiflow_django.definition.triggers",
+    "manual": "kumiflow_django.definition.triggers",
+    "Workflow": "kumiflow_django.definition.workflow",
+    "start_workflow": "kumiflow_django.engine.starting",
+    "define_projection": "kumiflow_django.projections.user",
+    "register_dispatch_kind": "kumiflow_django.outbox.kinds",
     "handler": "kumiflow_django.steps.call",
-    "register_step_kind": "kumiflow_django.steps.base",
-    "StepKind": "kumiflow_django.steps.base",
+    "register_step_kind": "kumiflow_django.definition.step",
+    "StepKind": "kumiflow_django.definition.step",
     # event store
-    "NewEvent": "kumiflow_django.eventstore",
-    "append_event": "kumiflow_django.eventstore",
-    "append_events": "kumiflow_django.eventstore",
-    "load_stream": "kumiflow_django.eventstore",
-    "stream_version": "kumiflow_django.eventstore",
-    "read_log": "kumiflow_django.eventstore",
-    "erase_stream": "kumiflow_django.eventstore",
+    "NewEvent": "kumiflow_django.store.log",
+    "append_event": "kumiflow_django.store.log",
+    "append_events": "kumiflow_django.store.log",
+    "load_stream": "kumiflow_django.store.log",
+    "stream_version": "kumiflow_django.store.log",
+    "read_log": "kumiflow_django.store.log",
+    "erase_stream": "kumiflow_django.store.log",
     "event_appended": "kumiflow_django.signals",
     # errors
-    "KumiflowError": "kumiflow_django.exceptions",
-    "InvalidEvent": "kumiflow_django.exceptions",
-    "VersionConflict": "kumiflow_django.exceptions",
-    "TenantMismatch": "kumiflow_django.exceptions",
-    "ImmutableEvent": "kumiflow_django.exceptions",
-    "WorkflowDefinitionError": "kumiflow_django.exceptions",
-    "UnknownWorkflow": "kumiflow_django.exceptions",
-    "RunNotFound": "kumiflow_django.exceptions",
-    "InvalidRunState": "kumiflow_django.exceptions",
+    "KumiflowError": "kumiflow_django.store.errors",
+    "InvalidEvent": "kumiflow_django.store.errors",
+    "VersionConflict": "kumiflow_django.store.errors",
+    "TenantMismatch": "kumiflow_django.store.errors",
+    "ImmutableEvent": "kumiflow_django.store.errors",
+    "WorkflowDefinitionError": "kumiflow_django.store.errors",
+    "UnknownWorkflow": "kumiflow_django.store.errors",
+    "RunNotFound": "kumiflow_django.store.errors",
+    "InvalidRunState": "kumiflow_django.store.errors",
 }
 
 __all__ = [
@@ -111,24 +135,79 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
+# -- modules that moved in 0.2 (the layered package): old imports keep working ----
+
+#: old module -> the module that holds what it held (deprecated; see CHANGELOG.md)
+MOVED_MODULES: dict[str, str] = {
+    "kumiflow_django.eventstore": "kumiflow_django.store.log",
+    "kumiflow_django.exceptions": "kumiflow_django.store.errors",
+    "kumiflow_django.run_events": "kumiflow_django.store.names",
+    "kumiflow_django.jsonvalues": "kumiflow_django.store.values",
+    "kumiflow_django.clock": "kumiflow_django.store.clock",
+    "kumiflow_django.wakeups": "kumiflow_django.store.wakeups",
+    "kumiflow_django.locking": "kumiflow_django.store.db",
+    "kumiflow_django.durations": "kumiflow_django.definition.durations",
+    "kumiflow_django.backoff": "kumiflow_django.definition.backoff",
+    "kumiflow_django.matching": "kumiflow_django.definition.matching",
+    "kumiflow_django.fingerprint": "kumiflow_django.definition.fingerprint",
+    "kumiflow_django.registry": "kumiflow_django.definition.registry",
+    "kumiflow_django.context": "kumiflow_django.definition.context",
+    "kumiflow_django.starting": "kumiflow_django.engine.starting",
+    "kumiflow_django.resuming": "kumiflow_django.engine.resuming",
+    "kumiflow_django.operations": "kumiflow_django.engine.operations",
+    "kumiflow_django.rebuild": "kumiflow_django.projections.rebuild",
+    "kumiflow_django.mail_delivery": "kumiflow_django.outbox.mail",
+    "kumiflow_django.webhook_delivery": "kumiflow_django.outbox.webhook",
+    "kumiflow_django.delivery_errors": "kumiflow_django.outbox.errors",
+    "kumiflow_django.loop": "kumiflow_django.workers.loop",
+    "kumiflow_django.resume_loop": "kumiflow_django.workers.resume",
+    "kumiflow_django.dispatch_loop": "kumiflow_django.workers.dispatch",
+    "kumiflow_django.cron_loop": "kumiflow_django.workers.cron",
+    "kumiflow_django.worker": "kumiflow_django.workers.worker",
+    "kumiflow_django.picture": "kumiflow_django.admin.picture",
+    "kumiflow_django.steps.base": "kumiflow_django.definition.step",
+}
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old module path as the module that replaced it, with a warning."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        new = MOVED_MODULES[spec.name]
+        warnings.warn(
+            f"{spec.name} moved to {new} in kumiflow-django 0.2; import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The module is the new one, already executed."""
+
+
+if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())
+
+
 if TYPE_CHECKING:  # pragma: no cover
-    from kumiflow_django.definition import (
-        Workflow,
-        define_workflow,
-        manual,
-        on_cron,
-        on_event,
-    )
-    from kumiflow_django.eventstore import (
-        NewEvent,
-        append_event,
-        append_events,
-        erase_stream,
-        load_stream,
-        read_log,
-        stream_version,
-    )
-    from kumiflow_django.exceptions import (
+    from kumiflow_django.definition.step import StepKind, register_step_kind
+    from kumiflow_django.definition.triggers import manual, on_cron, on_event
+    from kumiflow_django.definition.workflow import Workflow, define_workflow
+    from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
+    from kumiflow_django.engine.starting import start_workflow
+    from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
+    from kumiflow_django.outbox.kinds import register_dispatch_kind
+    from kumiflow_django.projections.user import define_projection
+    from kumiflow_django.signals import event_appended
+    from kumiflow_django.steps.call import handler
+    from kumiflow_django.store.errors import (
         DispatchNotFound,
         ImmutableEvent,
         InvalidDispatchState,
@@ -141,10 +220,12 @@ if TYPE_CHECKING:  # pragma: no cover
         VersionConflict,
         WorkflowDefinitionError,
     )
-    from kumiflow_django.operations import cancel_run, retry_run, wake_run
-    from kumiflow_django.outbox import cancel_dispatch, redeliver, register_dispatch_kind
-    from kumiflow_django.projections import define_projection
-    from kumiflow_django.signals import event_appended
-    from kumiflow_django.starting import start_workflow
-    from kumiflow_django.steps.base import StepKind, register_step_kind
-    from kumiflow_django.steps.call import handler
+    from kumiflow_django.store.log import (
+        NewEvent,
+        append_event,
+        append_events,
+        erase_stream,
+        load_stream,
+        read_log,
+        stream_version,
+    )

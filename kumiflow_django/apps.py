@@ -1,4 +1,8 @@
+"""The app's configuration: what happens when Django starts."""
+
 from __future__ import annotations
+
+import contextlib
 
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
@@ -11,16 +15,18 @@ class KumiflowConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, not at the top: they import the models, which Django
+        # can only load once the app registry is ready.
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from kumiflow_django import (
-            checks,  # noqa: F401  (registers the checks)
-            steps,  # noqa: F401  (registers the step kinds)
-        )
-        from kumiflow_django.immutability import register_sqlite_function
-        from kumiflow_django.receivers import on_event_appended
+        from kumiflow_django import checks, steps  # noqa: F401  (register checks, step kinds)
+        from kumiflow_django.engine.receivers import on_event_appended
         from kumiflow_django.signals import event_appended
+        from kumiflow_django.store.immutability import register_sqlite_function
+
+        with contextlib.suppress(ImportError):  # django.tasks: Django 6.0+
+            from kumiflow_django import tasks  # noqa: F401  (its wake-up hook)
 
         event_appended.connect(on_event_appended, dispatch_uid="kumiflow-engine")
         connection_created.connect(register_sqlite_function, dispatch_uid="kumiflow-sqlite-permit")

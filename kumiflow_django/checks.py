@@ -13,6 +13,7 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from kumiflow_django.conf import PREFIX, KumiflowSettings, settings
+from kumiflow_django.definition.backoff import BackoffPolicy
 
 
 def _positive_int(v: Any) -> bool:
@@ -47,8 +48,6 @@ def _str_sequence(v: Any) -> bool:
 
 
 def _retry_policy(v: Any) -> bool:
-    from kumiflow_django.backoff import BackoffPolicy
-
     if not isinstance(v, Mapping):
         return False
     try:
@@ -84,6 +83,11 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "RESUME_THREADS": ("kumiflow.E017", _positive_int, "a positive integer"),
     "MAX_VALUE_BYTES": ("kumiflow.E018", _positive_int, "a positive integer (bytes)"),
     "MAX_STATE_BYTES": ("kumiflow.E019", _positive_int, "a positive integer (bytes)"),
+    "DATABASE": (
+        "kumiflow.E020",
+        lambda v: isinstance(v, str) and v in django_settings.DATABASES,
+        "an alias of DATABASES",
+    ),
 }
 
 

@@ -17,6 +17,8 @@ PREFIX = "KUMIFLOW_"
 
 
 class KumiflowSettings:
+    #: The ``DATABASES`` alias of every kumiflow-django table and transaction.
+    DATABASE: str = "default"
     #: Tenant used when an API call names none.
     DEFAULT_TENANT: str = "default"
     #: How an appended event wakes a run waiting for it: "inline" resumes the

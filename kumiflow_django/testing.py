@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from kumiflow_django import clock as engine_clock
+from kumiflow_django.store import clock as engine_clock
 
 
 class VirtualClock:
@@ -71,23 +71,24 @@ def run_until_idle(
     *, dispatch: bool = True, cron: bool = True, max_rounds: int = 1000
 ) -> IdleReport:
     """Run the loops until nothing is due at the clock's current time."""
-    from kumiflow_django.resume_loop import ResumeLoop
+    # Imported here: the loops import the models, and this module is imported
+    # by test modules and conftests before Django's app registry is ready.
+    from kumiflow_django.workers.cron import CronLoop
+    from kumiflow_django.workers.dispatch import DispatchLoop
+    from kumiflow_django.workers.loop import Loop
+    from kumiflow_django.workers.resume import ResumeLoop
 
-    loops: list[tuple[str, object]] = [("resumed", ResumeLoop(batch_size=500, threads=1))]
+    loops: list[tuple[str, Loop]] = [("resumed", ResumeLoop(batch_size=500, threads=1))]
     if dispatch:
-        from kumiflow_django.dispatch_loop import DispatchLoop
-
         loops.append(("dispatched", DispatchLoop(batch_size=500)))
     if cron:
-        from kumiflow_django.cron_loop import CronLoop
-
         loops.append(("fired", CronLoop(batch_size=500)))
     report = IdleReport()
     for _ in range(max_rounds):
         report.rounds += 1
         handled = 0
         for field, loop in loops:
-            n = loop.run_once()  # type: ignore[attr-defined]
+            n = loop.run_once()
             setattr(report, field, getattr(report, field) + n)
             handled += n
         if not handled:

@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def registry():
     """An empty workflow registry for the test (the testproject's own are put back after)."""
-    from kumiflow_django.registry import registry as the_registry
+    from kumiflow_django.definition.registry import registry as the_registry
 
     with the_registry.isolated() as isolated:
         yield isolated

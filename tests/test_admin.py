@@ -10,8 +10,8 @@ from django.urls import reverse
 
 from kumiflow_django import append_event, define_workflow, on_cron, on_event, start_workflow
 from kumiflow_django import steps as s
-from kumiflow_django.cron_loop import CronLoop
 from kumiflow_django.models import CronSchedule, Dispatch, Event, RunStatus, WorkflowRun
+from kumiflow_django.workers.cron import CronLoop
 
 pytestmark = pytest.mark.django_db
 

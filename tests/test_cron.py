@@ -10,10 +10,11 @@ import pytest
 
 from kumiflow_django import WorkflowDefinitionError, define_workflow, on_cron
 from kumiflow_django import steps as s
-from kumiflow_django.cron import fire_now, next_occurrence, set_enabled
-from kumiflow_django.cron_loop import CronLoop
+from kumiflow_django.cron.occurrences import next_occurrence
+from kumiflow_django.cron.schedules import fire_now, set_enabled
 from kumiflow_django.models import CronSchedule, Event, WorkflowRun
 from kumiflow_django.testing import run_until_idle
+from kumiflow_django.workers.cron import CronLoop
 
 pytestmark = pytest.mark.django_db
 

@@ -7,17 +7,11 @@ from datetime import timedelta
 
 import pytest
 
-from kumiflow_django import (
-    WorkflowDefinitionError,
-    define_workflow,
-    manual,
-    on_cron,
-    on_event,
-)
+from kumiflow_django import WorkflowDefinitionError, define_workflow, manual, on_cron, on_event
 from kumiflow_django import steps as s
-from kumiflow_django.definition import CronTrigger, EventTrigger, ManualTrigger
-from kumiflow_django.registry import registry as global_registry
-from kumiflow_django.steps.base import Step
+from kumiflow_django.definition.registry import registry as global_registry
+from kumiflow_django.definition.step import Step
+from kumiflow_django.definition.triggers import CronTrigger, EventTrigger, ManualTrigger
 from testproject.shop import workflows as shop
 
 

@@ -30,20 +30,18 @@ def blocks(page: Path):
 @pytest.fixture
 def clean_extensions():
     """Docs register handlers, step and dispatch kinds: take them back afterwards."""
-    import importlib
+    from kumiflow_django.definition.step import step_kinds
+    from kumiflow_django.outbox.kinds import dispatch_kinds
+    from kumiflow_django.projections.user import projections
+    from kumiflow_django.steps.call import handlers
 
-    from kumiflow_django import outbox, projections
-    from kumiflow_django.steps import base
-
-    call = importlib.import_module("kumiflow_django.steps.call")  # the package exports call()
-    saved = [
-        (d, dict(d)) for d in (base._KINDS, outbox._KINDS, call._HANDLERS, projections._PROJECTIONS)
-    ]
-    yield
-    for registry, content in saved:
-        registry.clear()
-        registry.update(content)
-    projections._by_type = None
+    with (
+        step_kinds.isolated(),
+        dispatch_kinds.isolated(),
+        handlers.isolated(),
+        projections.isolated(),
+    ):
+        yield
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])

@@ -16,8 +16,8 @@ from django.db.models import Q
 
 from kumiflow_django import define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
+from kumiflow_django.definition.step import walk
 from kumiflow_django.models import Dispatch
-from kumiflow_django.steps.base import walk
 from testproject.shop.models import Customer, Order, Tally
 from tests.processes import ROOT
 

@@ -20,10 +20,13 @@ from kumiflow_django import (
     start_workflow,
 )
 from kumiflow_django import steps as s
-from kumiflow_django.dispatch_loop import DispatchLoop
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Step, StepKind, register_step_kind, step_kinds
 from kumiflow_django.models import Dispatch, Event, RunStatus
-from kumiflow_django.outbox import _KINDS
+from kumiflow_django.outbox.kinds import dispatch_kinds
+from kumiflow_django.steps.dispatch import request as request_dispatch
 from kumiflow_django.testing import run_until_idle
+from kumiflow_django.workers.dispatch import DispatchLoop
 from tests.receiver import Receiver, Reply
 
 pytestmark = pytest.mark.django_db
@@ -259,15 +262,12 @@ def test_mail_goes_through_the_configured_backend(registry, clock, mailoutbox):
 
 def test_a_registered_dispatch_kind(registry, clock):
     sent = []
-    register_dispatch_kind(
-        "sms",
-        lambda request, dispatch: sent.append((request["to"], request["text"])),
-        check=lambda request: None if request.get("to") else "an sms needs a number",
-    )
-    try:
-        from kumiflow_django.context import Context
-        from kumiflow_django.outbox import request as request_dispatch
-        from kumiflow_django.steps.base import Step, StepKind, register_step_kind
+    with dispatch_kinds.isolated(), step_kinds.isolated():
+        register_dispatch_kind(
+            "sms",
+            lambda request, dispatch: sent.append((request["to"], request["text"])),
+            check=lambda request: None if request.get("to") else "an sms needs a number",
+        )
 
         class SmsSend(StepKind):
             kind = "tests.sms_send"
@@ -283,11 +283,7 @@ def test_a_registered_dispatch_kind(registry, clock):
         deliver()
         assert sent == [("+49 30 1234", "hi")]
         assert Dispatch.objects.get().status == "delivered"
-    finally:
-        _KINDS.pop("sms")
-        from kumiflow_django.steps import base
-
-        base._KINDS.pop("tests.sms_send", None)
+    assert "sms" not in dispatch_kinds and "tests.sms_send" not in step_kinds
 
 
 @pytest.mark.parametrize(("reply", "branch"), [(Reply(200), "sent"), (Reply(404), "not sent")])

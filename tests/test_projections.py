@@ -19,9 +19,9 @@ from kumiflow_django import (
 )
 from kumiflow_django import steps as s
 from kumiflow_django.models import CronSchedule, Dispatch, WorkflowRun
-from kumiflow_django.models.dispatch import DELIVERABLE
-from kumiflow_django.models.run import SUSPENDED
-from kumiflow_django.projections import remove_projection
+from kumiflow_django.projections.dispatches import DELIVERABLE
+from kumiflow_django.projections.runs import SUSPENDED
+from kumiflow_django.projections.user import remove_projection
 from kumiflow_django.testing import run_until_idle
 
 pytestmark = pytest.mark.django_db

@@ -11,10 +11,10 @@ from django.db import connection
 
 from kumiflow_django import append_event, define_workflow, erase_stream, on_event
 from kumiflow_django import steps as s
+from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
-from kumiflow_django.resume_loop import ResumeLoop, due_runs
-from kumiflow_django.resuming import resume_run
 from kumiflow_django.testing import run_until_idle
+from kumiflow_django.workers.resume import ResumeLoop, due_runs
 from testproject.shop.models import Customer
 from tests.helpers import dispatches, only_run, run_events, types
 

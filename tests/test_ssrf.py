@@ -10,7 +10,7 @@ import socket
 import pytest
 import requests
 
-from kumiflow_django.ssrf import GuardedAdapter, Refused, address_problem, url_problem
+from kumiflow_django.outbox.ssrf import GuardedAdapter, Refused, address_problem, url_problem
 from tests.hostile.test_urls import URLS
 
 

@@ -6,16 +6,10 @@ from typing import Any
 
 import pytest
 
-from kumiflow_django import (
-    StepKind,
-    define_workflow,
-    on_event,
-    register_step_kind,
-    start_workflow,
-)
+from kumiflow_django import StepKind, define_workflow, on_event, register_step_kind, start_workflow
 from kumiflow_django import steps as s
+from kumiflow_django.definition.step import Step, step_kinds
 from kumiflow_django.models import Dispatch, Event, RunStatus, WorkflowRun
-from kumiflow_django.steps.base import Step, registered_kinds
 from testproject.shop.models import Customer
 from tests.factories import CustomerFactory
 
@@ -254,8 +248,8 @@ def test_a_user_registered_step_kind(registry):
         def execute(self, step, ctx, path, resume):
             return s.resolve(step.args["text"], ctx).upper()
 
-    register_step_kind(Shout())
-    try:
+    with step_kinds.isolated():
+        register_step_kind(Shout())
         r = run(
             [
                 Step("tests.shout", "loud", {"text": lambda ctx: "hi"}),
@@ -265,8 +259,4 @@ def test_a_user_registered_step_kind(registry):
         assert r.result == "HI"
         with pytest.raises(ValueError, match="already registered"):
             register_step_kind(type("Other", (StepKind,), {"kind": "tests.shout"})())
-    finally:
-        from kumiflow_django.steps import base
-
-        base._KINDS.pop("tests.shout")
-    assert "tests.shout" not in registered_kinds()
+    assert "tests.shout" not in step_kinds

@@ -9,7 +9,7 @@ import pytest
 from kumiflow_django import append_event, define_workflow, on_event
 from kumiflow_django import steps as s
 from kumiflow_django.models import RunStatus, WorkflowRun
-from kumiflow_django.resume_loop import ResumeLoop
+from kumiflow_django.workers.resume import ResumeLoop
 from tests.helpers import only_run, run_events, types
 
 pytestmark = pytest.mark.django_db

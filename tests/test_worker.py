@@ -19,7 +19,7 @@ from kumiflow_django import append_event, define_workflow, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.checks import check_settings
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
-from kumiflow_django.worker import Worker
+from kumiflow_django.workers.worker import Worker
 from testproject.shop.models import Tally
 from tests.processes import output, spawn, stop, wait_for
 

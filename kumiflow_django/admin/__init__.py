@@ -1,8 +1,8 @@
 """The admin: runs, the event log, the outbox and the cron schedules.
 
 Everything is read-only; changes happen only through the operations
-(:mod:`kumiflow_django.operations`, ``redeliver``/``cancel_dispatch``,
-``kumiflow_django.cron``), each behind its own permission.
+(:mod:`kumiflow_django.engine.operations`, ``redeliver``/``cancel_dispatch``,
+``kumiflow_django.cron.schedules``), each behind its own permission.
 """
 
 from kumiflow_django.admin.dispatches import DispatchAdmin

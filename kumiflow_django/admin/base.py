@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -206,7 +207,5 @@ class InputFilter(FieldFilter):
 
 
 def model_link(obj: Model, text: str) -> SafeString:
-    from django.urls import reverse
-
     url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
     return format_html('<a href="{}">{}</a>', url, text)

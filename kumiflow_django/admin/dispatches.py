@@ -12,9 +12,9 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, apply_each, badge, pretty
-from kumiflow_django.exceptions import InvalidDispatchState
-from kumiflow_django.models.dispatch import Dispatch
-from kumiflow_django.outbox import cancel_dispatch, redeliver
+from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
+from kumiflow_django.projections.dispatches import Dispatch
+from kumiflow_django.store.errors import InvalidDispatchState
 
 
 class RunFilter(InputFilter):

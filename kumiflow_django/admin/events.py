@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
 from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, pretty
-from kumiflow_django.models.event import Event
+from kumiflow_django.store.models import Event
 
 
 class StreamFilter(InputFilter):

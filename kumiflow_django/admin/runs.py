@@ -15,7 +15,6 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from kumiflow_django import matching, operations
 from kumiflow_django.admin.base import (
     FieldFilter,
     InputFilter,
@@ -24,11 +23,14 @@ from kumiflow_django.admin.base import (
     badge,
     pretty,
 )
-from kumiflow_django.exceptions import InvalidRunState, KumiflowError
-from kumiflow_django.models.event import Event
-from kumiflow_django.models.run import FINISHED, RunStatus, WorkflowRun
-from kumiflow_django.operations import WAKEABLE
-from kumiflow_django.registry import registry
+from kumiflow_django.admin.picture import render
+from kumiflow_django.definition import matching
+from kumiflow_django.definition.registry import registry
+from kumiflow_django.engine import operations
+from kumiflow_django.engine.operations import WAKEABLE
+from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.store.errors import InvalidRunState, KumiflowError
+from kumiflow_django.store.models import Event
 
 TIMELINE_EVENTS = 200
 
@@ -191,8 +193,6 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             )[:TIMELINE_EVENTS]
         )
         workflow = registry.find(run.workflow, run.workflow_version or None)
-        from kumiflow_django.picture import render
-
         context = {
             "run": run,
             "timeline": [(e, pretty(e.payload)) for e in reversed(events)],

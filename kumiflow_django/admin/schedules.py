@@ -1,4 +1,4 @@
-"""Cron schedules: enable, disable and fire now, through ``kumiflow_django.cron``."""
+"""Cron schedules: enable, disable and fire now, through ``kumiflow_django.cron.schedules``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from kumiflow_django import cron
 from kumiflow_django.admin.base import ReadOnlyAdmin, apply_each
-from kumiflow_django.exceptions import KumiflowError
-from kumiflow_django.models.cron import CronSchedule
+from kumiflow_django.cron import schedules as cron
+from kumiflow_django.projections.schedules import CronSchedule
+from kumiflow_django.store.errors import KumiflowError
 
 
 @admin.register(CronSchedule)

@@ -18,10 +18,11 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
 
 from kumiflow_django.conf import settings
-from kumiflow_django.loop import Loop, PgListener, limit_idle_transactions
+from kumiflow_django.store import db
+from kumiflow_django.workers.listener import PgListener
+from kumiflow_django.workers.loop import Loop, limit_idle_transactions
 
 logger = logging.getLogger("kumiflow_django")
 
@@ -137,7 +138,7 @@ def run_until_signalled(run: Callable[[], None], stop: Callable[[], None]) -> No
     limited to the lease, signals handled, PostgreSQL notifications relayed."""
     limit_idle_transactions(settings.LEASE_SECONDS)
     install_signal_handlers(stop)
-    listener = PgListener() if connection.vendor == "postgresql" else None
+    listener = PgListener() if db.connection().vendor == "postgresql" else None
     if listener is not None:
         listener.start()
     try:

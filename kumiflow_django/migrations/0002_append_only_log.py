@@ -7,12 +7,12 @@
 - ``kumiflow_event_stream_idx`` (stream_id, version) is the new unique index's
   job now.
 - Triggers refuse UPDATE and DELETE of events outside erasure and retention
-  (see ``kumiflow_django.immutability``).
+  (see ``kumiflow_django.store.immutability``).
 """
 
 from django.db import migrations, models
 
-from kumiflow_django import immutability
+from kumiflow_django.store import immutability
 
 
 class Migration(migrations.Migration):

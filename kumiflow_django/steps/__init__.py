@@ -1,11 +1,16 @@
 """The step vocabulary: builders for the steps of ``define_workflow(steps=[...])``.
 
-Each kind lives in its own module behind one registry; register your own
-kind with :func:`register_step_kind`.
+Each kind lives in its own module behind one registry
+(:data:`kumiflow_django.definition.step.step_kinds`); register your own kind
+with :func:`register_step_kind`. Besides the kinds: :mod:`.control` (how a
+step suspends, returns or fails), :mod:`.runner` (running a list of steps
+from a cursor), :mod:`.dispatch` (what a step that asks for a side effect
+records). Imports only :mod:`kumiflow_django.store` and
+:mod:`kumiflow_django.definition`.
 """
 
+from kumiflow_django.definition.step import Step, StepKind, register_step_kind, resolve
 from kumiflow_django.steps.append_event import append_event
-from kumiflow_django.steps.base import Step, StepKind, register_step_kind, resolve
 from kumiflow_django.steps.branch import branch
 from kumiflow_django.steps.call import call, handler
 from kumiflow_django.steps.compute import compute

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kumiflow_django.context import Context
-from kumiflow_django.eventstore import check_event_type, check_text
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.store.log import append_event as append
+from kumiflow_django.store.log import check_event_type, check_text
 
 
 class AppendEventKind(StepKind):
@@ -22,9 +23,7 @@ class AppendEventKind(StepKind):
         check_text(step.args["stream_type"], "stream_type", 100, empty=True)
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
-        from kumiflow_django.eventstore import append_event
-
-        event = append_event(
+        event = append(
             resolve(step.args["stream_id"], ctx),
             step.args["type"],
             resolve(step.args["payload"], ctx) or {},

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kumiflow_django.context import Context
-from kumiflow_django.steps.base import (
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import (
     Resolver,
     Step,
     StepKind,
     register_step_kind,
     resolve,
-    run_steps,
 )
+from kumiflow_django.steps.runner import run_steps
 
 
 class BranchKind(StepKind):

@@ -10,13 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kumiflow_django.context import Context
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.store.registry import Registry
 
 Handler = Callable[[Any], Any]
 F = TypeVar("F", bound=Handler)
 
-_HANDLERS: dict[str, Handler] = {}
+
+class Handlers(Registry[Handler]):
+    what = "handler"
+
+
+#: The one registry of ``call`` handlers.
+handlers = Handlers()
 
 
 def handler(name: str) -> Callable[[F], F]:
@@ -29,21 +36,14 @@ def handler(name: str) -> Callable[[F], F]:
         raise ValueError(f"a handler needs a non-empty name, not {name!r}")
 
     def register(fn: F) -> F:
-        existing = _HANDLERS.get(name)
-        if existing is not None and existing is not fn:
-            existing_name = getattr(existing, "__qualname__", existing)
-            raise ValueError(f"handler {name!r} is already registered ({existing_name})")
-        _HANDLERS[name] = fn
+        handlers.add(name, fn)
         return fn
 
     return register
 
 
 def get_handler(name: str) -> Handler:
-    try:
-        return _HANDLERS[name]
-    except KeyError:
-        raise LookupError(f"no handler is registered as {name!r}") from None
+    return handlers.get(name)
 
 
 class CallKind(StepKind):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kumiflow_django.context import Context
-from kumiflow_django.steps.base import Step, StepKind, check_resolver, register_step_kind
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Step, StepKind, check_resolver, register_step_kind
 
 
 class ComputeKind(StepKind):

@@ -9,15 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kumiflow_django.context import Context, path_text
-from kumiflow_django.steps.base import (
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import (
     Resolver,
     Step,
     StepKind,
+    path_text,
     register_step_kind,
     resolve,
-    run_steps,
 )
+from kumiflow_django.steps.runner import run_steps
+from kumiflow_django.store.values import to_json
 
 _MISSING = object()
 
@@ -34,8 +36,6 @@ class ForEachKind(StepKind):
             raise ValueError(f"for_each as_ must be an identifier, not {name!r}")
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
-        from kumiflow_django.jsonvalues import to_json
-
         key = path_text(path)
         loops = ctx.state["loops"]
         inner: list[Any] | None = None

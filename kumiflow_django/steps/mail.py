@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kumiflow_django.context import Context
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.steps.dispatch import delivery_result, request
 
 
 def _addresses(value: Any) -> list[str]:
@@ -27,12 +28,10 @@ class MailSendKind(StepKind):
     resolver_args = ("to", "subject", "body", "from_", "cc", "bcc", "reply_to", "html", "headers")
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
-        from kumiflow_django import outbox
-
         if resume is not None:
-            return outbox.delivery_result(ctx)
+            return delivery_result(ctx)
         a = step.args
-        request = {
+        message = {
             "to": _addresses(resolve(a["to"], ctx)),
             "cc": _addresses(resolve(a["cc"], ctx)),
             "bcc": _addresses(resolve(a["bcc"], ctx)),
@@ -43,7 +42,7 @@ class MailSendKind(StepKind):
             "from": resolve(a["from_"], ctx),
             "headers": resolve(a["headers"], ctx) or {},
         }
-        return outbox.request(ctx, path, "mail", request, a["retry"], a["await_delivery"])
+        return request(ctx, path, "mail", message, a["retry"], a["await_delivery"])
 
     def describe(self, step: Step) -> str:
         subject = step.args["subject"]

@@ -13,9 +13,9 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import F
 
-from kumiflow_django.context import Context
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
 from kumiflow_django.steps._models import ModelRef, apply_filter, check_model_ref, get_model, row
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
 
 
 class StaleVersion(Exception):

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from kumiflow_django.context import Context
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
 from kumiflow_django.steps._models import ModelRef, apply_filter, check_model_ref, get_model
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
 
 
 class _ReadKind(StepKind):

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
-
-from kumiflow_django.backoff import BackoffPolicy
-from kumiflow_django.context import Context, StepError, Suspend, path_text
-from kumiflow_django.durations import parse_duration
-from kumiflow_django.steps.base import Step, StepKind, register_step_kind, run_steps
+from kumiflow_django.definition.backoff import BackoffPolicy
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.durations import parse_duration
+from kumiflow_django.definition.step import Step, StepKind, path_text, register_step_kind
+from kumiflow_django.steps.control import RetryWait, StepError, Suspend
+from kumiflow_django.steps.runner import run_steps
+from kumiflow_django.store import db
 
 
 class RetryKind(StepKind):
@@ -51,7 +52,7 @@ class RetryKind(StepKind):
         suspended: Suspend | None = None
         ctx.push_attempt(attempt)
         try:
-            with transaction.atomic():
+            with db.atomic():
                 try:
                     run_steps(step.children["do"], ctx, [*path, "do"], inner)
                 except Suspend as suspend:
@@ -65,14 +66,13 @@ class RetryKind(StepKind):
             for nested in [k for k in retries if k.startswith(key + ".")]:
                 del retries[nested]
             del ctx.effects[effects:]
-            raise Suspend(
-                "retry",
-                path,
+            wait = RetryWait(
                 wake_at=ctx.now + policy.delay(attempt),
                 attempt=attempt,
                 max_attempts=policy.attempts,
                 error=failure.describe(),
-            ) from failure
+            )
+            raise Suspend(wait, path) from failure
         finally:
             ctx.pop_attempt()
         if suspended is not None:

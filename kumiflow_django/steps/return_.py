@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kumiflow_django.context import Context, ReturnValue
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.steps.control import ReturnValue
 
 
 class ReturnKind(StepKind):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kumiflow_django.context import Context, Suspend
-from kumiflow_django.durations import check_when, to_deadline
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.durations import check_when, to_deadline
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.steps.control import Suspend, TimerWait
 
 
 class WaitKind(StepKind):
@@ -25,7 +26,7 @@ class WaitKind(StepKind):
         wake_at = to_deadline(resolve(step.args["until"], ctx), ctx.now)
         if wake_at <= ctx.now:
             return None  # an instant in the past: nothing to wait for
-        raise Suspend("timer", path, wake_at=wake_at)
+        raise Suspend(TimerWait(wake_at), path)
 
     def describe(self, step: Step) -> str:
         until = step.args["until"]

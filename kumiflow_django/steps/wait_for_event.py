@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kumiflow_django import matching
-from kumiflow_django.context import Context, Suspend
-from kumiflow_django.durations import check_when, to_deadline
-from kumiflow_django.eventstore import check_event_type
-from kumiflow_django.jsonvalues import to_json
-from kumiflow_django.steps.base import (
+from kumiflow_django.definition import matching
+from kumiflow_django.definition.context import Context, WakeReason
+from kumiflow_django.definition.durations import check_when, to_deadline
+from kumiflow_django.definition.step import (
     Resolver,
     Step,
     StepKind,
@@ -22,6 +20,9 @@ from kumiflow_django.steps.base import (
     register_step_kind,
     resolve,
 )
+from kumiflow_django.steps.control import EventWait, Suspend
+from kumiflow_django.store.log import check_event_type
+from kumiflow_django.store.values import to_json
 
 
 class WaitForEventKind(StepKind):
@@ -48,7 +49,7 @@ class WaitForEventKind(StepKind):
         consumed = ctx.state["consumed"]
         if resume is not None:
             wake = ctx.wake
-            if wake is not None and wake.reason == "event" and wake.event is not None:
+            if wake is not None and wake.reason == WakeReason.EVENT and wake.event is not None:
                 consumed[event_type] = wake.event.position
                 return matching.event_result(wake.event)
             return matching.timeout_result(event_type)
@@ -64,15 +65,14 @@ class WaitForEventKind(StepKind):
             return matching.event_result(found)
         timeout = step.args["timeout"]
         timeout_at = None if timeout is None else to_deadline(resolve(timeout, ctx), ctx.now)
-        raise Suspend(
-            "event",
-            path,
+        wait = EventWait(
             event_type=event_type,
             match=values,
             correlation_key=matching.correlation_key(values),
             timeout_at=timeout_at,
             after=after,
         )
+        raise Suspend(wait, path)
 
     def describe(self, step: Step) -> str:
         return f"wait for {step.args['event_type']}"

@@ -11,8 +11,9 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from kumiflow_django.context import Context
-from kumiflow_django.steps.base import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.steps.dispatch import delivery_result, request
 
 
 class _NoBody(enum.Enum):
@@ -33,12 +34,10 @@ class WebhookSendKind(StepKind):
     resolver_args = ("url", "body", "headers")
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
-        from kumiflow_django import outbox
-
         if resume is not None:
-            return outbox.delivery_result(ctx)
+            return delivery_result(ctx)
         a = step.args
-        request: dict[str, Any] = {
+        message: dict[str, Any] = {
             "url": resolve(a["url"], ctx),
             "method": a["method"].upper(),
             "headers": resolve(a["headers"], ctx) or {},
@@ -46,8 +45,8 @@ class WebhookSendKind(StepKind):
             "timeout": list(a["timeout"]) if a["timeout"] else None,
         }
         if "body" in a:
-            request["body"] = resolve(a["body"], ctx)
-        return outbox.request(ctx, path, "webhook", request, a["retry"], a["await_delivery"])
+            message["body"] = resolve(a["body"], ctx)
+        return request(ctx, path, "webhook", message, a["retry"], a["await_delivery"])
 
     def describe(self, step: Step) -> str:
         url = step.args["url"]

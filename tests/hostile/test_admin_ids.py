@@ -17,8 +17,8 @@ import pytest
 
 from kumiflow_django import append_event, define_workflow, on_cron, on_event
 from kumiflow_django import steps as s
-from kumiflow_django.cron_loop import CronLoop
 from kumiflow_django.models import Event, WorkflowRun
+from kumiflow_django.workers.cron import CronLoop
 
 pytestmark = pytest.mark.django_db
 

@@ -18,10 +18,10 @@ from django.db import DataError, OperationalError
 
 from kumiflow_django import WorkflowDefinitionError, define_workflow, on_cron
 from kumiflow_django import steps as s
-from kumiflow_django.cron import set_enabled
-from kumiflow_django.cron_loop import CronLoop
+from kumiflow_django.cron.schedules import set_enabled
 from kumiflow_django.models import CronSchedule, Event, WorkflowRun
 from kumiflow_django.testing import run_until_idle
+from kumiflow_django.workers.cron import CronLoop
 
 pytestmark = pytest.mark.django_db
 
@@ -114,7 +114,7 @@ def choke(monkeypatch):
         return real_croniter(expression, *args, **kwargs)
 
     def install() -> list[str]:
-        monkeypatch.setattr("kumiflow_django.cron.croniter", croniter)
+        monkeypatch.setattr("kumiflow_django.cron.occurrences.croniter", croniter)
         return refused
 
     return install
@@ -181,16 +181,16 @@ def test_a_schedule_that_raises_when_fired_is_disabled_once_and_the_others_fire(
 
 
 def test_a_database_refusal_disables_only_that_schedule(registry, clock, monkeypatch, caplog):
-    from kumiflow_django import starting
+    from kumiflow_django.cron import schedules
 
-    real_start_run = starting.start_run
+    real_start_run = schedules.start_run  # type: ignore[attr-defined]
 
     def start_run(workflow, **kwargs):
         if workflow.name == "broken":
             raise DataError("value too long for type character varying(64)")
         return real_start_run(workflow, **kwargs)
 
-    monkeypatch.setattr(starting, "start_run", start_run)
+    monkeypatch.setattr(schedules, "start_run", start_run)
     clock.set(START)
     two_schedules()
     for minutes in range(30, 300, 30):
@@ -270,7 +270,7 @@ def test_the_loop_fires_due_schedules_when_sync_fails(registry, clock, monkeypat
     def sync_schedules():
         raise OperationalError("the database went away while syncing")
 
-    monkeypatch.setattr("kumiflow_django.cron_loop.sync_schedules", sync_schedules)
+    monkeypatch.setattr("kumiflow_django.workers.cron.sync_schedules", sync_schedules)
     clock.set(START + dt.timedelta(hours=1))
     assert CronLoop().run_once() == 1
     assert fired_for("healthy") == ["2026-06-01T01:00:00Z"]

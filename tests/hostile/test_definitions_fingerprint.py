@@ -24,7 +24,7 @@ from django.db.models import F, Q
 
 from kumiflow_django import define_workflow, on_event
 from kumiflow_django import steps as s
-from kumiflow_django.exceptions import WorkflowDefinitionError
+from kumiflow_django.store.errors import WorkflowDefinitionError
 from testproject.shop.models import Order
 
 URL = "https://hooks.example.com/in"

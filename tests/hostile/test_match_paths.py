@@ -24,10 +24,10 @@ from django.db import connections
 
 from kumiflow_django import append_event, define_workflow, start_workflow
 from kumiflow_django import steps as s
-from kumiflow_django.exceptions import WorkflowDefinitionError
-from kumiflow_django.matching import _narrow, correlation_key, same_value
+from kumiflow_django.definition.matching import _narrow, correlation_key, same_value
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
-from kumiflow_django.resume_loop import ResumeLoop
+from kumiflow_django.store.errors import WorkflowDefinitionError
+from kumiflow_django.workers.resume import ResumeLoop
 
 pytestmark = pytest.mark.django_db
 

@@ -27,8 +27,8 @@ from kumiflow_django import (
     start_workflow,
 )
 from kumiflow_django import steps as s
-from kumiflow_django.jsonvalues import MAX_DEPTH
 from kumiflow_django.models import Event, WorkflowRun
+from kumiflow_django.store.values import MAX_DEPTH
 from tests.helpers import only_run
 
 pytestmark = pytest.mark.django_db
@@ -234,7 +234,7 @@ def test_another_integrity_error_during_an_append_is_not_a_version_conflict(monk
     VersionConflict "at version unknown": callers that retry on conflict
     looped forever. Here the database refuses the insert for another reason
     (a real unique constraint of another table, raised by the real driver)."""
-    from kumiflow_django import eventstore
+    from kumiflow_django.store import log as eventstore
     from testproject.shop.models import Tally
 
     Tally.objects.create(key="taken")

@@ -32,12 +32,12 @@ from kumiflow_django import (
     start_workflow,
 )
 from kumiflow_django import steps as s
+from kumiflow_django.engine.runner import MAX_REFUSALS
 from kumiflow_django.models import Event, WorkflowRun
-from kumiflow_django.projections import remove_projection
-from kumiflow_django.resume_loop import ResumeLoop
-from kumiflow_django.runner import MAX_REFUSALS
+from kumiflow_django.projections.user import remove_projection
 from kumiflow_django.testing import run_until_idle
-from kumiflow_django.worker import Worker
+from kumiflow_django.workers.resume import ResumeLoop
+from kumiflow_django.workers.worker import Worker
 from testproject.shop.models import Tally
 from tests.helpers import only_run, types
 from tests.processes import output, spawn, stop, wait_for

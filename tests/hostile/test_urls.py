@@ -24,8 +24,8 @@ import pytest
 
 from kumiflow_django import define_workflow, start_workflow
 from kumiflow_django import steps as s
-from kumiflow_django.dispatch_loop import DispatchLoop
 from kumiflow_django.models import Dispatch
+from kumiflow_django.workers.dispatch import DispatchLoop
 from tests.receiver import Receiver, Reply
 
 pytestmark = pytest.mark.django_db
@@ -358,7 +358,7 @@ class TLSReceiver(Receiver):
 
 @pytest.fixture
 def trust_test_ca(monkeypatch):
-    from kumiflow_django.webhook_delivery import session
+    from kumiflow_django.outbox.webhook import session
 
     monkeypatch.setattr(session(), "verify", str(TLS / "ca.pem"))
 

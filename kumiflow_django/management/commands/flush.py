@@ -1,7 +1,7 @@
 """``manage.py flush``, with the event log's erasure permit.
 
 The event table refuses deletes in the database itself (see
-:mod:`kumiflow_django.immutability`); emptying every table is an explicit
+:mod:`kumiflow_django.store.immutability`); emptying every table is an explicit
 operator command, so it may empty the log too. Django's test cases flush
 the database between transactional tests through this command.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.commands.flush import Command as FlushCommand
 
-from kumiflow_django.immutability import erasure_permit
+from kumiflow_django.store.immutability import erasure_permit
 
 
 class Command(FlushCommand):

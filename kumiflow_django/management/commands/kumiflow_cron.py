@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kumiflow_django.cron_loop import CronLoop
 from kumiflow_django.management.loop_command import LoopCommand
+from kumiflow_django.workers.cron import CronLoop
 
 
 class Command(LoopCommand):

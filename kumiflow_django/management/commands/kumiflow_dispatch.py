@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kumiflow_django.dispatch_loop import DispatchLoop
 from kumiflow_django.management.loop_command import LoopCommand
+from kumiflow_django.workers.dispatch import DispatchLoop
 
 
 class Command(LoopCommand):

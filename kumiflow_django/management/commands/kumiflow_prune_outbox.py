@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from kumiflow_django import clock
 from kumiflow_django.management.loop_command import positive_float
-from kumiflow_django.outbox import prune
+from kumiflow_django.outbox.actions import prune
+from kumiflow_django.store import clock
 
 
 class Command(BaseCommand):

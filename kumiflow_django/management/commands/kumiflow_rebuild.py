@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from kumiflow_django.rebuild import rebuild_all
+from kumiflow_django.projections.rebuild import rebuild_all
 
 
 class Command(BaseCommand):

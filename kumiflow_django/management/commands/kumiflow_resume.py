@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kumiflow_django.management.loop_command import LoopCommand
-from kumiflow_django.resume_loop import ResumeLoop
+from kumiflow_django.workers.resume import ResumeLoop
 
 
 class Command(LoopCommand):

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from kumiflow_django.exceptions import KumiflowError
-from kumiflow_django.operations import cancel_run, retry_run, wake_run
+from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
+from kumiflow_django.store.errors import KumiflowError
 
 
 class Command(BaseCommand):

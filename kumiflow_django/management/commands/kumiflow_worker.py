@@ -13,7 +13,7 @@ from kumiflow_django.management.loop_command import (
     positive_int,
     run_until_signalled,
 )
-from kumiflow_django.worker import Worker
+from kumiflow_django.workers.worker import Worker
 
 
 class Command(BaseCommand):

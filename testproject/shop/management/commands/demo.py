@@ -22,7 +22,7 @@ from django.utils import timezone
 from kumiflow_django import VersionConflict, append_event, load_stream
 from kumiflow_django.models import Dispatch, Event, WorkflowRun
 from kumiflow_django.testing import VirtualClock, virtual_clock
-from kumiflow_django.worker import Worker
+from kumiflow_django.workers.worker import Worker
 from testproject.shop.receiver import DemoReceiver
 
 ADMIN_USER, ADMIN_PASSWORD = "admin", "admin"

@@ -1,0 +1,218 @@
+"""Workflows: ``define_workflow`` builds one, validates it, and registers it.
+
+A definition is plain data, validated when it is built (at import time of
+a ``workflows.py``): an error names the workflow and the step path, and a
+value that a column could not store is refused here, not at run time. Its
+fingerprint is computed once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kumiflow_django.definition.fingerprint import UnstableValue, canonical_value, fingerprint
+from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.step import Step, check_resolver, get_kind, path_text, step_at, walk
+from kumiflow_django.definition.triggers import TRIGGERS, CronTrigger, ManualTrigger, Trigger
+from kumiflow_django.store import limits
+from kumiflow_django.store.errors import WorkflowDefinitionError
+from kumiflow_django.store.names import SETTLED
+
+START_MODES = ("inline", "deferred")
+
+
+@dataclass(eq=False)
+class Workflow:
+    name: str
+    trigger: Trigger
+    steps: tuple[Step, ...]
+    idempotency_key: str | Callable[[Any], str] | None = None
+    version: str | None = None
+    start_mode: str = "inline"
+    fingerprint: str = field(init=False)
+    #: awaited event type -> the sets of match paths its waits use
+    awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fingerprint = fingerprint(self.canonical())
+        self.awaited = {}
+        for _, step in walk(self.steps):
+            if step.kind == "wait_for_event":
+                paths = tuple(sorted(step.args["match"]))
+                self.awaited.setdefault(step.args["event_type"], set()).add(paths)
+            elif step.kind in ("mail_send", "webhook_send") and step.args.get("await_delivery"):
+                self.awaited.setdefault(SETTLED, set()).add(("stream_id",))
+
+    def __repr__(self) -> str:
+        version = f" v{self.version}" if self.version is not None else ""
+        return f"<Workflow {self.name}{version} {self.fingerprint[:12]}>"
+
+    def canonical(self) -> dict[str, Any]:
+        """The definition as data that reads the same in every process.
+
+        A value without such a form (an ``object()``, an instance whose repr
+        holds a memory address) raises WorkflowDefinitionError naming the
+        step and the argument: its fingerprint would differ in the process
+        that resumes the run.
+        """
+        try:
+            trigger = self.trigger.canonical()
+        except UnstableValue as exc:
+            raise WorkflowDefinitionError(f"workflow {self.name!r}, trigger: {exc}") from exc
+        try:
+            steps = [_canonical_step(s, f"step {i}") for i, s in enumerate(self.steps)]
+        except UnstableValue as exc:
+            raise WorkflowDefinitionError(f"workflow {self.name!r}, {exc}") from exc
+        return {"name": self.name, "version": self.version, "trigger": trigger, "steps": steps}
+
+    def step_at(self, cursor: list[Any]) -> Step:
+        return step_at(self.steps, cursor)
+
+
+def _canonical_value(value: Any, where: str) -> Any:
+    if isinstance(value, Step):
+        return _canonical_step(value, where)
+    return canonical_value(value, where, render=_canonical_value)
+
+
+def _canonical_step(step: Step, where: str) -> dict[str, Any]:
+    """``where`` is the step's path as errors name it (``step 0.do.1``)."""
+    at = f"{where} ({step.kind})"
+    return {
+        "kind": step.kind,
+        "name": _canonical_value(step.name, f"{at}, name"),
+        "args": {
+            k: _canonical_value(v, f"{at}, argument {k!r}") for k, v in sorted(step.args.items())
+        },
+        "children": {
+            label: [_canonical_step(c, f"{where}.{label}.{i}") for i, c in enumerate(children)]
+            for label, children in step.children.items()
+        },
+    }
+
+
+#: Longest static step path (``0.do.2.then.1``): the outbox stores it.
+MAX_PATH_LENGTH = limits.STEP_PATH
+#: Longest step name (a ``wait_for_event``'s default name is its event type).
+MAX_NAME_LENGTH = limits.EVENT_TYPE
+
+
+def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
+    named: dict[str, tuple[Any, ...]] = {}
+    for path, step in walk(steps):
+        where = path_text(path)
+        if not isinstance(step, Step):
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}, step {where}: {step!r} is not a step (use the builders "
+                "of kumiflow_django.steps)"
+            )
+        if len(where) > MAX_PATH_LENGTH:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}: steps are nested too deeply (path {where[:60]}… is longer "
+                f"than {MAX_PATH_LENGTH} characters)"
+            )
+        try:
+            kind = get_kind(step.kind)
+            if len(path) > 1 and not kind.allowed_nested:
+                raise ValueError(f"{step.kind} is only allowed at the top level of a workflow")
+            kind.validate(step)
+            _check_name(step.name)
+        except (LookupError, ValueError, TypeError) as exc:
+            raise WorkflowDefinitionError(
+                f"workflow {name!r}, step {where} ({step.kind}): {exc}"
+            ) from exc
+        if step.name is not None and get_kind(step.kind).stores_result:
+            other = named.get(step.name)
+            if other is not None and not _exclusive(other, path):
+                raise WorkflowDefinitionError(
+                    f"workflow {name!r}: two steps store their result as {step.name!r} "
+                    f"(steps {'.'.join(map(str, other))} and {where}); give one another name="
+                )
+            named.setdefault(step.name, path)
+
+
+def _check_name(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"a step name must be a string of 1 to {MAX_NAME_LENGTH} characters: {value!r:.60}"
+        )
+    if not value.isprintable():
+        raise ValueError(f"a step name must not contain control characters: {value!r}")
+
+
+def _exclusive(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two step paths lie in the two arms of one ``branch`` (only one runs)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i % 2 == 1 and {x, y} == {"then", "else"}
+    return False
+
+
+def define_workflow(
+    name: str,
+    *,
+    steps: Sequence[Step],
+    trigger: Trigger | None = None,
+    idempotency_key: str | Callable[[Any], str] | None = None,
+    version: str | int | None = None,
+    start_mode: str = "inline",
+    register: bool = True,
+) -> Workflow:
+    """Define (and register) a workflow.
+
+    ``trigger`` is ``on_event(...)``, ``on_cron(...)`` or None (manual start
+    only). ``idempotency_key`` (a string, or a function of the trigger event)
+    makes a second start with the same key return the first run.
+    ``start_mode="deferred"`` records the run and lets a worker run it.
+    """
+    if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
+        raise WorkflowDefinitionError(
+            f"a workflow needs a name of 1 to {limits.WORKFLOW_NAME} characters: {name!r:.60}"
+        )
+    trigger = trigger if trigger is not None else ManualTrigger()
+    if not isinstance(trigger, TRIGGERS):
+        raise WorkflowDefinitionError(f"workflow {name!r}: {trigger!r} is not a trigger")
+    try:
+        trigger.validate()
+        if isinstance(trigger, CronTrigger):
+            trigger.validate_name(name)
+    except ValueError as exc:
+        raise WorkflowDefinitionError(f"workflow {name!r}, trigger: {exc}") from exc
+    if start_mode not in START_MODES:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: start_mode must be one of {START_MODES}, not {start_mode!r}"
+        )
+    if version is not None and (
+        isinstance(version, bool) or len(str(version)) > limits.WORKFLOW_VERSION
+    ):
+        raise WorkflowDefinitionError(f"workflow {name!r}: invalid version {version!r}")
+    if idempotency_key is not None and not (
+        (isinstance(idempotency_key, str) and idempotency_key) or callable(idempotency_key)
+    ):
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: idempotency_key must be a string or a function of the event"
+        )
+    if callable(idempotency_key):
+        try:
+            check_resolver(idempotency_key, "idempotency_key")
+        except ValueError as exc:
+            raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from exc
+    if isinstance(steps, Step) or not isinstance(steps, Sequence):
+        raise WorkflowDefinitionError(f"workflow {name!r}: steps must be a list of steps")
+    step_tuple = tuple(steps)
+    _validate_steps(name, step_tuple)
+    workflow = Workflow(
+        name=name,
+        trigger=trigger,
+        steps=step_tuple,
+        idempotency_key=idempotency_key,
+        version=None if version is None else str(version),
+        start_mode=start_mode,
+    )
+    if register:
+        registry.register(workflow)
+    return workflow

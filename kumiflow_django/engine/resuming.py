@@ -1,0 +1,356 @@
+"""Resuming suspended runs, and waking the runs an appended event satisfies.
+
+A resume locks the run row (skipping locked rows where the database can),
+checks that the run is still suspended at the version it was read at,
+checks its definition, and continues at its cursor through the segment
+runner. The first event it writes, ``step.resumed``, takes the next version
+of the run's stream: if another worker got there first, the insert fails on
+the log's unique ``(stream, version)`` and this resume is a silent skip.
+
+An appended event wakes the runs waiting for it: inline, in the appending
+transaction (``KUMIFLOW_EVENT_WAKE = "inline"``), or by marking them due for
+the resume loop (``"worker"``). A run that begins waiting while its event is
+being appended in another transaction is found by a check after either
+commit.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import uuid
+from functools import partial
+from typing import Any
+
+from django.db import IntegrityError
+from django.db.models import Q, QuerySet
+
+from kumiflow_django.conf import settings
+from kumiflow_django.definition import matching
+from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, check_state
+from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute
+from kumiflow_django.engine.segment import Failure, Segment
+from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
+from kumiflow_django.projections.stream import StaleRow
+from kumiflow_django.store import clock, db
+from kumiflow_django.store import names as ev
+from kumiflow_django.store.db import for_update, is_transient
+from kumiflow_django.store.models import Event
+from kumiflow_django.store.wakeups import WorkKind, work_committed
+
+logger = logging.getLogger("kumiflow_django.engine.resuming")
+
+#: Awaited "types" that stand for several event types.
+ALIASES: dict[str, tuple[str, ...]] = {ev.SETTLED: ev.OUTCOME_TYPES}
+
+
+def event_types_for(awaited: str) -> tuple[str, ...]:
+    return ALIASES.get(awaited, (awaited,))
+
+
+def awaited_as(event_type: str) -> list[str]:
+    """The awaited types an event of ``event_type`` can satisfy."""
+    return [event_type, *(alias for alias, types in ALIASES.items() if event_type in types)]
+
+
+def lock_run(run_id: uuid.UUID, *, skip_locked: bool) -> WorkflowRun | None:
+    return for_update(WorkflowRun.objects.filter(pk=run_id), skip_locked=skip_locked).first()
+
+
+def resume_run(
+    run_id: uuid.UUID,
+    *,
+    wake: Wake | None = None,
+    skip_locked: bool = False,
+    expected_version: int | None = None,
+    recovered: dict[str, Any] | None = None,
+) -> WorkflowRun | None:
+    """Continue a suspended run that is due (or that ``wake.event`` satisfies).
+
+    ``recovered`` names the worker whose lease on the run expired: the
+    takeover is recorded on ``step.resumed``.
+
+    Returns the run after its segment, or None when there was nothing to do:
+    not due, already resumed by someone else, locked by another worker.
+    """
+
+    def prepare() -> Prepared:
+        run = lock_run(run_id, skip_locked=skip_locked)
+        if run is None or run.status not in SUSPENDED:
+            return None
+        if expected_version is not None and run.version != expected_version:
+            return None
+        if wake is not None and wake.reason == WakeReason.EVENT:
+            if wake.event is None or not satisfies(run, wake.event):
+                return None
+        elif run.wake_at is None or run.wake_at > clock.now():
+            return None
+        return opening(run, wake, recovered)
+
+    updated = execute(prepare)
+    if updated is not None:
+        after_segment(updated)
+        logger.info("run %s of %s resumed -> %s", updated.id, updated.workflow, updated.status)
+    return updated
+
+
+def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
+    """Continue a run the caller has locked and checked (an awaited event woke it)."""
+    updated = execute(lambda: opening(run, wake))
+    if updated is not None:
+        after_segment(updated)
+    return updated
+
+
+def satisfies(run: WorkflowRun, event: Event) -> bool:
+    return (
+        run.status == RunStatus.WAITING_EVENT
+        and run.awaited_event_type in awaited_as(event.type)
+        and event.tenant_id == run.tenant_id
+        and matching.after_cutoff(event.position, run.awaited_after or 0, awaited_gaps(run))
+        and matching.matches(event, run.awaited_match or {})
+    )
+
+
+def awaited_gaps(run: WorkflowRun) -> tuple[int, ...]:
+    """The gaps of the run's start, when its wait looks back to its start."""
+    if run.since_gaps and run.awaited_after == run.since_position:
+        return tuple(run.since_gaps)
+    return ()
+
+
+def lookback(run: WorkflowRun) -> Event | None:
+    """The first event since the wait's cut-off that satisfies the waiting run."""
+    return matching.lookback(
+        run.tenant_id,
+        event_types_for(run.awaited_event_type or ""),
+        run.awaited_match or {},
+        run.awaited_after or 0,
+        awaited_gaps(run),
+    )
+
+
+def _definition(run: WorkflowRun) -> Workflow | Failure:
+    if not registry.is_registered(run.workflow):
+        return Failure(
+            ev.NOT_REGISTERED,
+            f'Workflow "{run.workflow}" is not registered: cannot resume run {run.id}.',
+        )
+    workflow = registry.find(run.workflow, run.workflow_version or None)
+    if workflow is not None and workflow.fingerprint == run.fingerprint:
+        return workflow
+    current = registry.get(run.workflow)
+    return Failure(
+        ev.DEFINITION_CHANGED,
+        f'Workflow "{run.workflow}" definition changed since run {run.id} started '
+        f"(expected {run.fingerprint[:12]}…, current {current.fingerprint[:12]}…). "
+        "Cancel the run or wait for it to complete before deploying definition changes, "
+        "or keep the old definition registered with its version=.",
+    )
+
+
+def _trigger(run: WorkflowRun) -> Trigger:
+    if run.trigger_position is None:
+        return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
+    event = Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
+    if event is None:
+        raise Failure(
+            ev.TRIGGER_UNAVAILABLE,
+            f"the trigger event at position {run.trigger_position} is no longer in the log",
+        )
+    return event
+
+
+def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
+    if run.status == RunStatus.PENDING:
+        return Wake(WakeReason.START)
+    if run.status == RunStatus.RETRY_SCHEDULED:
+        return Wake(WakeReason.RETRY)
+    if run.status == RunStatus.WAITING:
+        return wake or Wake(WakeReason.TIMER)
+    # waiting for an event
+    if wake is not None and wake.reason == WakeReason.EVENT:
+        return wake
+    if run.matched_position is not None:
+        event = Event.objects.filter(position=run.matched_position).first()
+        if event is None:
+            raise Failure(
+                ev.AWAITED_UNAVAILABLE,
+                f"the awaited event at position {run.matched_position} is no longer in the log",
+            )
+        return Wake(WakeReason.EVENT, event)
+    # The timeout is over: a matching event may have slipped in since the wait began.
+    found = lookback(run)
+    return Wake(WakeReason.EVENT, found) if found is not None else Wake(WakeReason.TIMEOUT)
+
+
+def opening(
+    run: WorkflowRun, wake: Wake | None, recovered: dict[str, Any] | None = None
+) -> Opening:
+    """The segment that continues a locked, suspended run (or records why it cannot)."""
+    workflow = _definition(run)
+    if isinstance(workflow, Failure):  # nothing runs: no step.resumed
+        return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
+    gave_up = [(ev.STEP_RESUMED, {"cursor": run.cursor})]
+    try:
+        state = check_state(copy.deepcopy(run.state))
+        cursor = None if run.status == RunStatus.PENDING else run.cursor
+        if cursor is not None:
+            workflow.step_at(cursor)
+        elif run.status != RunStatus.PENDING:
+            raise ValueError("a suspended run has no cursor")
+    except (ValueError, TypeError, AttributeError) as exc:
+        failure = Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}")
+        return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
+    try:
+        trigger = _trigger(run)
+        actual = _wake(run, wake)
+    except Failure as failure:
+        return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
+    resumed: dict[str, Any] = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
+    if recovered:
+        resumed["recovered"] = recovered
+    if actual.event is not None:
+        resumed["event"] = {
+            "position": actual.event.position,
+            "event_id": str(actual.event.event_id),
+        }
+    return Opening(
+        run.id,
+        run.tenant_id,
+        run,
+        first=[(ev.STEP_RESUMED, resumed)],
+        steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
+    )
+
+
+def after_segment(run: WorkflowRun) -> None:
+    """Tell the loops (after commit) about work a segment left behind."""
+    if run.status == RunStatus.WAITING_EVENT:
+        recheck_after_commit(run)
+    if run.wake_at is not None:
+        work_committed(WorkKind.RESUME, run.wake_at, run.id)
+
+
+# --- awaited events ---------------------------------------------------------
+
+
+def _waiting_query(event: Event) -> QuerySet[WorkflowRun, WorkflowRun] | None:
+    """Runs of the event's tenant that wait for an event like this one (or None)."""
+    condition = None
+    for awaited in awaited_as(event.type):
+        path_sets = registry.awaited_paths(awaited)
+        keys = matching.keys_for_event(event, path_sets) if path_sets else []
+        if keys:
+            q = Q(awaited_event_type=awaited, correlation_key__in=keys)
+            condition = q if condition is None else condition | q
+    if condition is None:
+        return None
+    # No cut-off in SQL: an event that commits late may have a position below
+    # a run's cut-off and still count (a gap of its start); ``satisfies`` decides.
+    return (
+        WorkflowRun.objects.filter(condition)
+        .filter(tenant_id=event.tenant_id, status=RunStatus.WAITING_EVENT)
+        .order_by("started_at")
+    )
+
+
+def waiting_for(event: Event) -> list[uuid.UUID]:
+    qs = _waiting_query(event)
+    return [] if qs is None else list(qs.values_list("id", flat=True))
+
+
+def is_awaited(event_type: str) -> bool:
+    return any(registry.awaited_paths(a) for a in awaited_as(event_type))
+
+
+def wake_waiters(event: Event) -> None:
+    """Wake the runs an appended event satisfies, in the appending transaction."""
+    qs = _waiting_query(event)
+    if qs is not None:
+        if settings.EVENT_WAKE == "inline":
+            # Lock and read the waiting runs in one statement, then resume each.
+            for run in for_update(qs):
+                if satisfies(run, event):
+                    _wake_inline(run, event)
+        else:
+            for run_id in qs.values_list("id", flat=True):
+                mark_matched(run_id, event)
+    if not writers_serialized():
+        # robust: the appender's commit succeeded; a failing check must not
+        # look like a failed commit to it (the resume loop finds the run later).
+        db.on_commit(partial(_recheck_event, event))
+
+
+def _wake_inline(run: WorkflowRun, event: Event) -> None:
+    """Resume a waiting run in the appending transaction; never fail the append.
+
+    A refused segment is recorded by the runner; if even that is refused, the
+    run stays waiting (its event is in the log: a later look-back finds it)
+    and the appender's transaction goes on.
+    """
+    try:
+        resume_locked(run, Wake(WakeReason.EVENT, event))
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        logger.exception("run %s: could not be woken by event %s", run.id, event.position)
+
+
+def _deliver(run_id: uuid.UUID, event: Event) -> None:
+    if settings.EVENT_WAKE == "inline":
+        resume_run(run_id, wake=Wake(WakeReason.EVENT, event))
+    else:
+        mark_matched(run_id, event)
+
+
+def mark_matched(run_id: uuid.UUID, event: Event) -> None:
+    """Record the awaited event on the run and make it due for the resume loop."""
+    with db.atomic():
+        run = lock_run(run_id, skip_locked=False)
+        if run is None or not satisfies(run, event) or run.matched_position is not None:
+            return
+        try:
+            with db.atomic():
+                segment = Segment(run.id, run.tenant_id, run)
+                segment.add(
+                    ev.EVENT_MATCHED,
+                    {"event": {"position": event.position, "event_id": str(event.event_id)}},
+                )
+                segment.write()
+        except (IntegrityError, StaleRow):
+            return
+        work_committed(WorkKind.RESUME, event.created_at, run_id)
+
+
+def writers_serialized() -> bool:
+    """SQLite runs one write transaction at a time (IMMEDIATE): a suspension and
+    an append cannot interleave there, so the after-commit checks are not needed."""
+    return db.connection().vendor == "sqlite"
+
+
+def _recheck_event(event: Event) -> None:
+    """After the append committed: a run that began waiting concurrently (its
+    transaction did not yet see the event, ours did not yet see the run) is
+    found now."""
+    for run_id in waiting_for(event):
+        _deliver(run_id, event)
+
+
+def recheck_after_commit(run: WorkflowRun) -> None:
+    if writers_serialized():
+        return
+    run_id, version = run.id, run.version
+    db.on_commit(partial(_recheck_run, run_id, version))
+
+
+def _recheck_run(run_id: uuid.UUID, version: int) -> None:
+    """After a suspension committed: look back once more for its event."""
+    run = WorkflowRun.objects.filter(pk=run_id, version=version).first()
+    if run is None or run.status != RunStatus.WAITING_EVENT or run.matched_position is not None:
+        return
+    found = lookback(run)
+    if found is not None:
+        _deliver(run_id, found)

@@ -1,0 +1,237 @@
+"""The one segment runner: start, resume and failure go through :func:`execute`.
+
+A segment opens (a new run, or a locked suspended one), runs its steps,
+folds the events into the row and writes everything in one transaction
+(a savepoint inside a caller's transaction). What can happen:
+
+- the steps suspend or finish: the segment commits;
+- a step fails (or the run cannot go on: a changed definition, an erased
+  trigger): the segment is rolled back as a whole, and the failure is
+  recorded in a second transaction, at the version the segment began at;
+- another writer got there first (the stream's version is taken, or the
+  row moved on): nothing is written, the caller skips;
+- the database is unreachable or broke a deadlock: the error propagates,
+  and the same work is tried again soon;
+- the database refuses to store the segment (a value or a check it will
+  refuse again): the refusal is recorded and the run is tried again after
+  a backoff; after :data:`MAX_REFUSALS` refusals the run fails with reason
+  ``unstorable_state``. One poison run never spins a worker, and the
+  transaction of a caller whose event started or woke the run commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from kumiflow_django.definition.backoff import BackoffPolicy
+from kumiflow_django.definition.context import Trigger, Wake, WakeReason
+from kumiflow_django.definition.durations import isoformat
+from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine.segment import Failure, Segment, advance
+from kumiflow_django.projections.runs import WorkflowRun
+from kumiflow_django.projections.stream import StaleRow
+from kumiflow_django.store import clock, db
+from kumiflow_django.store import names as ev
+from kumiflow_django.store.db import for_update
+from kumiflow_django.store.models import Event
+from kumiflow_django.store.values import clean_text
+
+logger = logging.getLogger("kumiflow_django.engine.runner")
+
+#: Refusals of one run's segment before the run fails with ``unstorable_state``.
+MAX_REFUSALS = 5
+#: The wait after each refusal: 2, 4, 8, 16 seconds.
+REFUSAL_BACKOFF = BackoffPolicy(attempts=MAX_REFUSALS, base=2.0, max_delay=300.0)
+#: The run table's unique key of keyed runs.
+IDEMPOTENCY_CONSTRAINT = "kumiflow_run_idempotency_uq"
+
+
+@dataclass
+class Steps:
+    """What a segment runs: the steps of ``workflow`` from ``cursor``."""
+
+    workflow: Workflow
+    trigger: Trigger
+    cursor: list[Any] | None
+    state: dict[str, Any]
+    wake: Wake
+
+
+@dataclass
+class Opening:
+    """How a segment begins.
+
+    ``row`` is the locked run row (None for a new run); ``first`` the events
+    that open the segment (``run-started`` or ``step.resumed``); ``steps``
+    what it runs (None: nothing, for a deferred start); ``failure`` a reason
+    known before anything runs.
+    """
+
+    run_id: uuid.UUID
+    tenant: str
+    row: WorkflowRun | None
+    first: list[tuple[str, dict[str, Any]]]
+    steps: Steps | None = None
+    failure: Failure | None = None
+    key: str | None = None
+    workflow_name: str = ""
+    version: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.version = 0 if self.row is None else self.row.version
+
+    @property
+    def new(self) -> bool:
+        return self.row is None
+
+
+#: What ``prepare`` gives back: an opening to run, a run to return as it is
+#: (a keyed start that exists already), or None (nothing to do).
+Prepared = Opening | WorkflowRun | None
+
+
+def execute(prepare: Callable[[], Prepared]) -> WorkflowRun | None:
+    """Run one segment. ``prepare`` runs inside the segment's transaction (it
+    locks and checks the run); see the module docstring for the outcomes.
+
+    Returns the run as the segment (or the recorded failure or refusal) left
+    it, or None when there was nothing to do. The caller announces the work
+    the run left behind (``resuming.after_segment``) after this returns.
+    """
+    opening: Opening | None = None
+    try:
+        with db.atomic():
+            prepared = prepare()
+            if not isinstance(prepared, Opening):
+                return prepared
+            opening = prepared
+            return _run(opening)
+    except Failure as failure:  # a step failed: its segment was rolled back as a whole
+        assert opening is not None
+        logger.warning("run %s failed: %s", opening.run_id, failure)
+        return _record(opening, opening.first, (ev.RUN_FAILED, failure.payload()))
+    except StaleRow:
+        return None
+    except Exception as exc:
+        if opening is None or db.is_transient(exc):
+            raise
+        if db.is_version_clash(exc):
+            logger.info("run %s: another writer moved it on first; skipped", opening.run_id)
+            return None
+        if opening.key is not None and db.is_unique_violation(exc, IDEMPOTENCY_CONSTRAINT):
+            return keyed_run(opening.tenant, opening.workflow_name, opening.key)
+        return _refuse(opening, exc)
+
+
+def _run(opening: Opening) -> WorkflowRun:
+    segment = Segment(opening.run_id, opening.tenant, opening.row)
+    for type_, payload in opening.first:
+        segment.add(type_, dict(payload))
+    if opening.failure is not None:  # known before anything runs: nothing to roll back
+        logger.warning("run %s failed: %s", opening.run_id, opening.failure)
+        segment.add(ev.RUN_FAILED, opening.failure.payload())
+    elif opening.steps is not None:
+        steps = opening.steps
+        advance(
+            segment,
+            steps.workflow,
+            steps.trigger,
+            cursor=steps.cursor,
+            state=steps.state,
+            wake=steps.wake,
+        )
+    return segment.write()
+
+
+def _record(
+    opening: Opening, first: list[tuple[str, dict[str, Any]]], closing: tuple[str, dict[str, Any]]
+) -> WorkflowRun | None:
+    """Write ``first`` and ``closing`` in a transaction of their own, at the
+    version the segment began at; None if the run moved on meanwhile."""
+    try:
+        with db.atomic():
+            row = None
+            if not opening.new:
+                row = for_update(WorkflowRun.objects.filter(pk=opening.run_id)).first()
+                if row is None or row.version != opening.version:
+                    return None
+            segment = Segment(opening.run_id, opening.tenant, row)
+            for type_, payload in [*first, closing]:
+                segment.add(type_, dict(payload))
+            return segment.write()
+    except StaleRow:
+        return None
+    except Exception as exc:
+        if db.is_version_clash(exc):
+            return None
+        if opening.key is not None and db.is_unique_violation(exc, IDEMPOTENCY_CONSTRAINT):
+            return keyed_run(opening.tenant, opening.workflow_name, opening.key)
+        raise
+
+
+def _refuse(opening: Opening, error: Exception) -> WorkflowRun | None:
+    """Record that the database refused the segment; give up after MAX_REFUSALS."""
+    attempt = refusals(opening) + 1
+    text = clean_text(f"{type(error).__name__}: {error}", 1000)
+    # A new run keeps its start; a suspended one stays where it was.
+    first = [item for item in opening.first if item[0] == ev.RUN_STARTED]
+    if attempt >= MAX_REFUSALS:
+        logger.error(
+            "run %s: the database refused its segment %d times; failed (%s)",
+            opening.run_id,
+            attempt,
+            text,
+        )
+        closing = (
+            ev.RUN_FAILED,
+            {
+                "reason": ev.UNSTORABLE_STATE,
+                "error": f"the database refused to store the run's segment {attempt} times: {text}",
+                "trail": [],
+            },
+        )
+    else:
+        delay: timedelta = REFUSAL_BACKOFF.delay(attempt)
+        logger.warning(
+            "run %s: the database refused its segment (%s); trying again in %ds",
+            opening.run_id,
+            text,
+            delay.total_seconds(),
+        )
+        payload: dict[str, Any] = {
+            "attempt": attempt,
+            "error": text,
+            "retry_at": isoformat(clock.now() + delay),
+        }
+        steps = opening.steps
+        if steps is not None and steps.wake.reason == WakeReason.EVENT and steps.wake.event:
+            event = steps.wake.event
+            payload["event"] = {"position": event.position, "event_id": str(event.event_id)}
+        closing = (ev.SEGMENT_REFUSED, payload)
+    return _record(opening, first, closing)
+
+
+def refusals(opening: Opening) -> int:
+    """How many times in a row the run's segment was refused (its last event says)."""
+    if opening.new:
+        return 0
+    last = (
+        Event.objects.filter(stream_id=str(opening.run_id), version=opening.version)
+        .values_list("type", "payload")
+        .first()
+    )
+    if last is None or last[0] != ev.SEGMENT_REFUSED:
+        return 0
+    attempt = last[1].get("attempt") if isinstance(last[1], dict) else None
+    return attempt if isinstance(attempt, int) and attempt > 0 else 0
+
+
+def keyed_run(tenant: str, workflow: str, key: str) -> WorkflowRun | None:
+    return WorkflowRun.objects.filter(
+        tenant_id=tenant, workflow=workflow, idempotency_key=key
+    ).first()

@@ -1,0 +1,130 @@
+"""Delivering one dispatch: claim it, deliver it, record the outcome.
+
+A delivery is three short steps, never one long transaction:
+
+1. claim: lock the row (skip-locked where possible), append
+   ``step.dispatch-attempt-started`` with a lease and commit;
+2. deliver, outside any transaction;
+3. record the outcome (``step.dispatched``, ``step.dispatch-attempt-failed``
+   or ``step.dispatch-failed``) at the version the claim left.
+
+A dispatcher killed between 1 and 3 leaves the row due again when its lease
+runs out: delivery is at least once, always under the same idempotency key.
+The dispatch loop (:mod:`kumiflow_django.workers.dispatch`) calls
+:func:`deliver_one` for each due row.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError
+
+from kumiflow_django.conf import settings
+from kumiflow_django.definition.backoff import BackoffPolicy
+from kumiflow_django.definition.durations import isoformat
+from kumiflow_django.outbox.errors import DeliveryFailure, PermanentFailure
+from kumiflow_django.outbox.kinds import dispatch_kinds
+from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, append
+from kumiflow_django.projections.stream import StaleRow
+from kumiflow_django.store import clock, db
+from kumiflow_django.store import names as ev
+from kumiflow_django.store.db import for_update
+from kumiflow_django.store.values import clean_text
+
+logger = logging.getLogger("kumiflow_django.dispatch")
+
+
+def _lock(dispatch_id: uuid.UUID, version: int, *, skip_locked: bool) -> Dispatch | None:
+    qs = Dispatch.objects.filter(pk=dispatch_id, version=version)
+    return for_update(qs, skip_locked=skip_locked).first()
+
+
+def _claim(dispatch_id: uuid.UUID, version: int) -> Dispatch | None:
+    now = clock.now()
+    with db.atomic():
+        dispatch = _lock(dispatch_id, version, skip_locked=True)
+        if dispatch is None or dispatch.status not in DELIVERABLE:
+            return None
+        if dispatch.next_attempt_at is None or dispatch.next_attempt_at > now:
+            return None
+        lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
+        try:
+            return append(
+                dispatch,
+                ev.DISPATCH_ATTEMPT_STARTED,
+                {"attempt": dispatch.attempts + 1, "lease_until": isoformat(lease_until)},
+            )
+        except (IntegrityError, StaleRow):
+            return None
+
+
+def _attempt(dispatch: Dispatch) -> tuple[str, dict[str, Any]]:
+    """Deliver once; return the outcome event to record."""
+    attempt = dispatch.attempts
+    base = {"kind": dispatch.kind, "attempt": attempt}
+    try:
+        kind = dispatch_kinds.find(dispatch.kind)
+        if kind is None:
+            raise PermanentFailure(f"unknown dispatch kind {dispatch.kind!r}")
+        problem = kind.check(dispatch.request) if kind.check else None
+        if problem:
+            raise PermanentFailure(problem)
+        result = kind.deliver(dispatch.request, dispatch) or {}
+    except DeliveryFailure as failure:
+        error, status, retryable = str(failure), failure.status_code, failure.retryable
+        retry_after = failure.retry_after
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a bug, an unexpected library error, a SystemExit: retried
+        logger.exception("dispatch %s: delivery raised", dispatch.id)
+        error, status, retryable, retry_after = f"{type(exc).__name__}: {exc}", None, True, None
+    else:
+        status = result.get("status_code") if isinstance(result, dict) else None
+        return ev.DISPATCHED, base | {"status_code": status}
+    error = clean_text(error, 1000)
+    policy = BackoffPolicy.from_mapping(dispatch.retry) if dispatch.retry else BackoffPolicy()
+    if retryable and attempt < policy.attempts:
+        delay = policy.delay(attempt)
+        if retry_after is not None:
+            delay = max(delay, timedelta(seconds=retry_after))
+        next_at = clock.now() + delay
+        logger.info(
+            "dispatch %s: attempt %d failed (%s); next at %s", dispatch.id, attempt, error, next_at
+        )
+        return ev.DISPATCH_ATTEMPT_FAILED, base | {
+            "error": error,
+            "status_code": status,
+            "next_attempt_at": isoformat(next_at),
+        }
+    logger.warning("dispatch %s: dead after attempt %d: %s", dispatch.id, attempt, error)
+    return ev.DISPATCH_FAILED, base | {"error": error, "status_code": status}
+
+
+def deliver_one(dispatch_id: uuid.UUID, version: int) -> bool:
+    """Claim, deliver and record one due dispatch; False if there was nothing to do."""
+    dispatch = _claim(dispatch_id, version)
+    if dispatch is None:
+        return False
+    outcome, payload = _attempt(dispatch)
+    with db.atomic():
+        current = _lock(dispatch.id, dispatch.version, skip_locked=False)
+        if current is None:
+            # Our lease ran out and another dispatcher took the row over: its
+            # outcome is the one that counts.
+            logger.warning("dispatch %s: lease lost; outcome dropped", dispatch.id)
+            return False
+        try:
+            append(current, outcome, payload)
+        except (IntegrityError, StaleRow):
+            return False
+    return True
+
+
+def due_dispatches(now: datetime, limit: int) -> list[tuple[uuid.UUID, int]]:
+    return list(
+        Dispatch.objects.due(now).order_by("next_attempt_at").values_list("id", "version")[:limit]
+    )

@@ -1,0 +1,306 @@
+"""Runs: one row per run (``WorkflowRun``), a projection of the run's stream.
+
+The row is what the loops query (due runs, runs waiting for an event); the
+stream is the truth. :func:`apply` is the fold: how each run event changes
+the row. One pure function serves both the engine (which applies a
+segment's events to the row in memory before writing it once) and
+``kumiflow_rebuild`` (which replays the log), so the live table and a
+rebuilt one cannot disagree.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from kumiflow_django.definition.context import new_state
+from kumiflow_django.definition.durations import parse_instant
+from kumiflow_django.projections.stream import Stream
+from kumiflow_django.store import limits
+from kumiflow_django.store import names as ev
+from kumiflow_django.store.models import EngineManager, Event
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    WAITING = "waiting", _("waiting")
+    WAITING_EVENT = "waiting_event", _("waiting for event")
+    RETRY_SCHEDULED = "retry_scheduled", _("retry scheduled")
+    COMPLETED = "completed", _("completed")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+#: A run in one of these states continues when its ``wake_at`` has come.
+SUSPENDED = (
+    RunStatus.PENDING,
+    RunStatus.WAITING,
+    RunStatus.WAITING_EVENT,
+    RunStatus.RETRY_SCHEDULED,
+)
+FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
+    def due(self, now: object) -> WorkflowRunQuerySet:
+        """Runs whose wake time has come, read from the ``wake_at`` index alone.
+
+        Only suspended runs have a wake time (the projection clears it on every
+        other state), so no status filter is needed, and none is added: it
+        would tempt the planner into the status index. The number of finished
+        runs therefore does not matter. Callers re-check the status under lock.
+        """
+        return self.filter(wake_at__lte=now)
+
+    def awaiting(self, tenant: str, event_type: str, keys: list[str]) -> WorkflowRunQuerySet:
+        return self.filter(
+            tenant_id=tenant,
+            awaited_event_type=event_type,
+            correlation_key__in=keys,
+            status=RunStatus.WAITING_EVENT,
+        )
+
+    def finished(self) -> WorkflowRunQuerySet:
+        return self.filter(status__in=FINISHED)
+
+
+class WorkflowRun(models.Model):
+    id = models.UUIDField(_("run id"), primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(_("tenant"), max_length=limits.TENANT)
+    workflow = models.CharField(_("workflow"), max_length=limits.WORKFLOW_NAME)
+    workflow_version = models.CharField(
+        _("workflow version"), max_length=limits.WORKFLOW_VERSION, blank=True
+    )
+    fingerprint = models.CharField(_("definition fingerprint"), max_length=64)
+    status = models.CharField(_("status"), max_length=20, choices=RunStatus.choices)
+    start_mode = models.CharField(_("start mode"), max_length=10, default="inline")
+    cursor = models.JSONField(_("cursor"), null=True, blank=True)
+    state = models.JSONField(_("state"), default=dict)
+    trail = models.JSONField(_("steps run"), default=list)
+    wake_at = models.DateTimeField(_("wake at"), null=True, blank=True)
+    awaited_event_type = models.CharField(
+        _("awaited event"), max_length=limits.EVENT_TYPE, blank=True
+    )
+    correlation_key = models.CharField(_("correlation key"), max_length=64, blank=True)
+    awaited_match = models.JSONField(_("awaited match"), null=True, blank=True)
+    since_position = models.BigIntegerField(_("started at position"), default=0)
+    # Positions at or below ``since_position`` that were not visible when the
+    # run started (transactions still open then): their events, once
+    # committed, count as "after the start" too. See matching.gaps_below().
+    since_gaps = models.JSONField(_("positions in flight at the start"), null=True, blank=True)
+    awaited_after = models.BigIntegerField(_("awaits events after"), null=True, blank=True)
+    matched_position = models.BigIntegerField(_("matched event"), null=True, blank=True)
+    attempt = models.PositiveIntegerField(_("attempt"), default=1)
+    last_error = models.TextField(_("last error"), blank=True)
+    reason = models.CharField(_("reason"), max_length=limits.REASON, blank=True)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    input = models.JSONField(_("input"), null=True, blank=True)
+    trigger_type = models.CharField(_("trigger type"), max_length=limits.EVENT_TYPE, blank=True)
+    trigger_position = models.BigIntegerField(_("trigger event"), null=True, blank=True)
+    # NULL, not "": unique per (tenant, workflow) among keyed runs only.
+    idempotency_key = models.CharField(  # noqa: DJ001
+        _("idempotency key"), max_length=limits.IDEMPOTENCY_KEY, null=True, blank=True
+    )
+    version = models.PositiveIntegerField(_("stream version"))
+    recoveries = models.PositiveIntegerField(_("stalled recoveries"), default=0)
+    # Operational, not projected from the log: which worker is running the
+    # run's next segment, until when. Cleared when the segment commits.
+    lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
+    lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started at"))
+    updated_at = models.DateTimeField(_("updated at"))
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+
+    objects: ClassVar[WorkflowRunQuerySet] = EngineManager.from_queryset(WorkflowRunQuerySet)()  # type: ignore[assignment]
+
+    class Meta:
+        verbose_name = _("workflow run")
+        verbose_name_plural = _("workflow runs")
+        permissions = [
+            ("cancel_workflowrun", "Can cancel workflow runs"),
+            ("retry_workflowrun", "Can retry failed workflow runs"),
+            ("wake_workflowrun", "Can wake waiting workflow runs"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant_id", "workflow", "idempotency_key"],
+                name="kumiflow_run_idempotency_uq",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=[c.value for c in RunStatus]),
+                name="kumiflow_run_status_valid",
+            ),
+        ]
+        indexes = [
+            # "Due now": finished runs have no wake time, so they are not in
+            # the index range the resume loop reads.
+            models.Index(fields=["wake_at"], name="kumiflow_run_due_idx"),
+            # Runs waiting for an event like this one (and the admin's search
+            # by correlation value, hence the key first).
+            models.Index(
+                fields=["correlation_key", "awaited_event_type", "tenant_id"],
+                name="kumiflow_run_awaiting_idx",
+            ),
+            models.Index(fields=["-started_at"], name="kumiflow_run_started_idx"),
+            models.Index(fields=["workflow", "status"], name="kumiflow_run_workflow_idx"),
+            models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.id} ({self.status})"
+
+    @property
+    def cursor_text(self) -> str:
+        return ".".join(str(p) for p in self.cursor) if self.cursor else ""
+
+
+# -- the fold ---------------------------------------------------------------
+
+
+def _merge_trail(run: WorkflowRun, payload: dict[str, Any]) -> None:
+    seen = set(run.trail)
+    added = []
+    for path in payload.get("trail") or ():
+        if path not in seen:
+            seen.add(path)
+            added.append(path)
+    if added:
+        run.trail = [*run.trail, *added]
+
+
+def _clear_wait(run: WorkflowRun) -> None:
+    run.wake_at = None
+    run.awaited_event_type = ""
+    run.correlation_key = ""
+    run.awaited_match = None
+    run.awaited_after = None
+    run.matched_position = None
+
+
+def _instant(value: str | None) -> Any:
+    return parse_instant(value) if value else None
+
+
+def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
+    """The row after ``event``; ``run`` is None before run-started."""
+    p = event.payload
+    if event.type == ev.RUN_STARTED:
+        deferred = p.get("mode") == "deferred"
+        trigger = p.get("trigger") or {}
+        run = WorkflowRun(
+            id=uuid.UUID(event.stream_id),
+            tenant_id=event.tenant_id,
+            workflow=p["workflow"],
+            workflow_version=p.get("version") or "",
+            fingerprint=p["fingerprint"],
+            status=RunStatus.PENDING if deferred else RunStatus.RUNNING,
+            start_mode=p.get("mode", "inline"),
+            cursor=None,
+            state=new_state(),
+            trail=[],
+            wake_at=event.created_at if deferred else None,
+            since_position=p.get("since", 0),
+            since_gaps=p.get("since_gaps") or None,
+            trigger_type=trigger.get("type", ""),
+            trigger_position=trigger.get("position"),
+            idempotency_key=p.get("idempotency_key"),
+            input=p.get("input"),
+            attempt=1,
+            started_at=event.created_at,
+            version=0,
+        )
+    if run is None:
+        raise ValueError(f"event {event.type} at version {event.version} precedes run-started")
+    run.version = event.version
+    run.updated_at = event.created_at
+
+    if event.type in (ev.STEP_WAITING, ev.STEP_WAITING_FOR_EVENT, ev.RETRY_SCHEDULED):
+        _clear_wait(run)
+        run.cursor = p["cursor"]
+        run.state = p["state"]
+        _merge_trail(run, p)
+        if event.type == ev.STEP_WAITING:
+            run.status = RunStatus.WAITING
+            run.wake_at = _instant(p["wake_at"])
+        elif event.type == ev.STEP_WAITING_FOR_EVENT:
+            run.status = RunStatus.WAITING_EVENT
+            run.wake_at = _instant(p.get("timeout_at"))
+            run.awaited_event_type = p["event_type"]
+            run.correlation_key = p["correlation_key"]
+            run.awaited_match = p["match"]
+            run.awaited_after = p["after"]
+        else:
+            run.status = RunStatus.RETRY_SCHEDULED
+            run.wake_at = _instant(p["wake_at"])
+            run.attempt = p["attempt"]
+            run.last_error = p["error"]
+    elif event.type == ev.EVENT_MATCHED:
+        run.matched_position = p["event"]["position"]
+        run.wake_at = event.created_at
+    elif event.type == ev.RUN_WOKEN:
+        run.wake_at = event.created_at
+    elif event.type == ev.STEP_RESUMED:
+        _clear_wait(run)
+        run.status = RunStatus.RUNNING
+        if p.get("recovered"):
+            run.recoveries += 1
+    elif event.type == ev.RUN_COMPLETED:
+        _clear_wait(run)
+        run.status = RunStatus.COMPLETED
+        run.cursor = None
+        run.result = p.get("result")
+        run.finished_at = event.created_at
+        _merge_trail(run, p)
+    elif event.type == ev.RUN_FAILED:
+        _clear_wait(run)
+        run.status = RunStatus.FAILED
+        run.cursor = p.get("cursor", run.cursor)
+        run.last_error = p["error"]
+        run.reason = p.get("reason", "")
+        run.finished_at = event.created_at
+        _merge_trail(run, p)
+    elif event.type == ev.RUN_CANCELLED:
+        _clear_wait(run)
+        run.status = RunStatus.CANCELLED
+        run.reason = "cancelled"
+        run.last_error = p.get("reason", "")
+        run.finished_at = event.created_at
+    elif event.type == ev.RUN_RETRIED:
+        restore = p["restore"]
+        _clear_wait(run)
+        run.status = restore["status"]
+        run.cursor = restore["cursor"]
+        run.state = restore["state"]
+        run.attempt = restore.get("attempt", 1)
+        awaited = restore.get("awaited")
+        if awaited:
+            run.awaited_event_type = awaited["event_type"]
+            run.awaited_match = awaited["match"]
+            run.correlation_key = awaited["correlation_key"]
+            run.awaited_after = awaited["after"]
+        run.matched_position = restore.get("matched_position")
+        if "fingerprint" in p:
+            run.fingerprint = p["fingerprint"]
+            run.workflow_version = p.get("version") or ""
+        run.reason = ""
+        run.last_error = ""
+        run.finished_at = None
+        run.wake_at = event.created_at
+    elif event.type == ev.RUN_RECOVERED:
+        run.recoveries += 1
+    elif event.type == ev.SEGMENT_REFUSED:
+        if run.status == RunStatus.RUNNING:
+            run.status = RunStatus.PENDING  # its first segment never committed
+        run.wake_at = _instant(p["retry_at"])
+        run.last_error = p["error"]
+        if p.get("event"):
+            run.matched_position = p["event"]["position"]
+    return run
+
+
+#: The run stream: what the segment runner and the operations write through.
+RUNS = Stream(ev.RUN_STREAM, WorkflowRun, apply)

@@ -1,0 +1,139 @@
+"""Cron schedules: one ``CronSchedule`` row per cron-triggered workflow, a
+projection of its stream (``cron:<workflow>``).
+
+:func:`apply` is the fold, shared by the cron loop and ``kumiflow_rebuild``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from kumiflow_django.definition.durations import parse_instant
+from kumiflow_django.projections.stream import Change, Stream, write_one
+from kumiflow_django.store import clock, limits
+from kumiflow_django.store import names as ev
+from kumiflow_django.store.models import EngineManager, Event
+
+#: How ``disabled_reason`` starts when the engine disabled a schedule itself
+#: because it could not compute or fire it. Only such a schedule (or one whose
+#: workflow was gone) is enabled again by a changed definition; a schedule an
+#: operator disabled stays disabled until an operator enables it.
+BROKEN = "broken: "
+NOT_REGISTERED = "workflow not registered"
+
+
+def fit(reason: str) -> str:
+    """A reason on one line, cut to the width of ``disabled_reason``."""
+    width = limits.DISABLED_REASON
+    text = " ".join(reason.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class CronScheduleQuerySet(models.QuerySet["CronSchedule", "CronSchedule"]):
+    def due(self, now: object) -> CronScheduleQuerySet:
+        return self.filter(enabled=True, next_fire_at__lte=now)
+
+
+class CronSchedule(models.Model):
+    workflow = models.CharField(_("workflow"), max_length=limits.WORKFLOW_NAME, primary_key=True)
+    tenant_id = models.CharField(_("tenant"), max_length=limits.TENANT)
+    expression = models.CharField(_("cron expression"), max_length=limits.CRON_EXPRESSION)
+    timezone = models.CharField(_("time zone"), max_length=limits.TIME_ZONE, default="UTC")
+    misfire = models.CharField(_("misfire policy"), max_length=10, default="latest")
+    max_catch_up = models.PositiveIntegerField(_("most missed occurrences fired"), default=10)
+    overlap = models.CharField(_("overlap policy"), max_length=10, default="allow")
+    enabled = models.BooleanField(_("enabled"), default=True)
+    registered = models.BooleanField(_("workflow registered"), default=True)
+    disabled_reason = models.CharField(
+        _("why disabled"), max_length=limits.DISABLED_REASON, blank=True
+    )
+    next_fire_at = models.DateTimeField(_("next fire at"), null=True, blank=True)
+    last_fired_at = models.DateTimeField(_("last fired at"), null=True, blank=True)
+    last_scheduled_for = models.DateTimeField(_("last occurrence"), null=True, blank=True)
+    last_run_id = models.UUIDField(_("last run"), null=True, blank=True)
+    fired_count = models.PositiveIntegerField(_("runs started"), default=0)
+    skipped_count = models.PositiveIntegerField(_("occurrences skipped"), default=0)
+    version = models.PositiveIntegerField(_("stream version"))
+    updated_at = models.DateTimeField(_("updated at"))
+
+    objects: ClassVar[CronScheduleQuerySet] = EngineManager.from_queryset(CronScheduleQuerySet)()  # type: ignore[assignment]
+
+    class Meta:
+        verbose_name = _("cron schedule")
+        verbose_name_plural = _("cron schedules")
+        permissions = [("operate_cronschedule", "Can enable, disable and fire cron schedules")]
+        indexes = [
+            models.Index(fields=["next_fire_at"], name="kumiflow_cron_due_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} ({self.expression} {self.timezone})"
+
+    @property
+    def stream_id(self) -> str:
+        return f"{ev.CRON_STREAM_PREFIX}{self.workflow}"
+
+
+# -- the fold ---------------------------------------------------------------
+
+
+def apply(schedule: CronSchedule | None, event: Event) -> CronSchedule:
+    """The schedule row after ``event`` (the cron projection)."""
+    p = event.payload
+    if event.type == ev.CRON_REGISTERED:
+        schedule = CronSchedule(workflow=event.stream_id.removeprefix(ev.CRON_STREAM_PREFIX))
+        schedule.tenant_id = event.tenant_id
+    if schedule is None:
+        raise ValueError(f"event {event.type} precedes schedule-registered")
+    schedule.version = event.version
+    schedule.updated_at = event.created_at
+    if "next_fire_at" in p:
+        schedule.next_fire_at = parse_instant(p["next_fire_at"]) if p["next_fire_at"] else None
+    if event.type in (ev.CRON_REGISTERED, ev.CRON_CHANGED):
+        for key in ("expression", "timezone", "misfire", "max_catch_up", "overlap"):
+            setattr(schedule, key, p[key])
+        schedule.registered = True
+        reason = schedule.disabled_reason
+        fixed = reason.startswith(BROKEN) and bool(p.get("next_fire_at"))
+        if reason == NOT_REGISTERED or fixed:
+            schedule.enabled, schedule.disabled_reason = True, ""
+    elif event.type == ev.CRON_REMOVED:
+        schedule.registered = False
+        schedule.enabled = False
+        schedule.disabled_reason = fit(p["reason"])
+    elif event.type == ev.CRON_FIRED:
+        schedule.last_fired_at = event.created_at
+        if p["scheduled_for"]:
+            schedule.last_scheduled_for = parse_instant(p["scheduled_for"][-1])
+        if p["run_ids"]:
+            schedule.last_run_id = p["run_ids"][-1]
+        schedule.fired_count += len(p["run_ids"])
+        schedule.skipped_count += p.get("skipped", 0)
+    elif event.type == ev.CRON_SKIPPED:
+        schedule.skipped_count += p["skipped"]
+    elif event.type == ev.CRON_ENABLED:
+        schedule.enabled = True
+        schedule.disabled_reason = ""
+    elif event.type == ev.CRON_DISABLED:
+        schedule.enabled = False
+        schedule.disabled_reason = fit(p.get("reason") or "disabled by an operator")
+    return schedule
+
+
+#: The schedule streams (``cron:<workflow>``).
+SCHEDULES = Stream(ev.CRON_STREAM, CronSchedule, apply)
+
+
+def append(
+    schedule: CronSchedule | None, workflow: str, tenant: str, type_: str, payload: dict[str, Any]
+) -> CronSchedule:
+    """Append one event to a schedule's stream (``schedule`` None: a new one), fold
+    it and write it, in the caller's transaction."""
+    change = Change(
+        SCHEDULES, f"{ev.CRON_STREAM_PREFIX}{workflow}", tenant, schedule, now=clock.now()
+    )
+    change.add(type_, payload)
+    return write_one(change)

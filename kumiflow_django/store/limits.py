@@ -1,0 +1,27 @@
+"""The widths of the columns that store what users declare and send.
+
+One source of truth: the models take their ``max_length`` from here, and
+every check where a value enters (an append, a definition, a start) refuses
+what would not fit, before the database sees it. Changing one of these
+needs a migration.
+"""
+
+from __future__ import annotations
+
+TENANT = 64
+STREAM_ID = 100
+STREAM_TYPE = 100
+EVENT_TYPE = 200
+CREATED_BY = 150
+WORKFLOW_NAME = 200
+WORKFLOW_VERSION = 50
+IDEMPOTENCY_KEY = 200
+#: Step paths like ``0.do.2.then.1`` (the outbox stores the requesting step's).
+STEP_PATH = 200
+DISPATCH_KIND = 50
+CRON_EXPRESSION = 200
+TIME_ZONE = 64
+#: Why a schedule is disabled (an operator's reason, or the engine's).
+DISABLED_REASON = 200
+REASON = 64
+LEASE_OWNER = 100

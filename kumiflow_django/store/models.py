@@ -1,0 +1,136 @@
+"""The event log: the one append-only table every other table is built from.
+
+Also the manager every kumiflow-django model uses, so that each of them
+lives in ``KUMIFLOW_DATABASE``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import uuid
+from collections.abc import Collection, Iterable, Iterator
+from typing import Any, ClassVar
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from kumiflow_django.store import limits
+from kumiflow_django.store.db import alias
+from kumiflow_django.store.errors import ImmutableEvent
+
+
+class EngineManager[M: models.Model](models.Manager[M]):
+    """Reads and writes go to ``KUMIFLOW_DATABASE`` unless told ``using()``."""
+
+    def get_queryset(self) -> models.QuerySet[M, M]:
+        queryset = super().get_queryset()
+        return queryset if self._db else queryset.using(alias())
+
+
+# Set only by the event store while it inserts, and by the erasure permit.
+_write_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "kumiflow_event_write_allowed", default=False
+)
+
+
+@contextlib.contextmanager
+def allow_writes() -> Iterator[None]:
+    """Let this thread's ORM write events (the store's inserts, the erasure permit)."""
+    token = _write_allowed.set(True)
+    try:
+        yield
+    finally:
+        _write_allowed.reset(token)
+
+
+def _refuse(what: str) -> ImmutableEvent:
+    return ImmutableEvent(
+        f"the event log is append-only: {what} is refused. Append with "
+        "kumiflow_django.append_event(); erase a stream with kumiflow_django.erase_stream()."
+    )
+
+
+class EventQuerySet(models.QuerySet["Event", "Event"]):
+    def update(self, **kwargs: Any) -> int:
+        raise _refuse("QuerySet.update()")
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
+        raise _refuse("QuerySet.bulk_update()")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        if not _write_allowed.get():
+            raise _refuse("QuerySet.delete()")
+        return super().delete()
+
+    def bulk_create(  # type: ignore[override]
+        self,
+        objs: Iterable[Event],
+        batch_size: int | None = None,
+        ignore_conflicts: bool = False,
+        update_conflicts: bool = False,
+        update_fields: Collection[str] | None = None,
+        unique_fields: Collection[str] | None = None,
+    ) -> list[Event]:
+        if not _write_allowed.get() or ignore_conflicts or update_conflicts:
+            raise _refuse("QuerySet.bulk_create()")
+        # django-stubs cannot bind the covariant model type inside an override.
+        return super().bulk_create(objs, batch_size=batch_size)  # type: ignore[arg-type,return-value]
+
+    def for_stream(self, stream_id: str, tenant: str) -> EventQuerySet:
+        return self.filter(stream_id=stream_id, tenant_id=tenant).order_by("version")
+
+
+class Event(models.Model):
+    """One event: a fact that happened, in a stream, at a version."""
+
+    position = models.BigAutoField(_("position"), primary_key=True)
+    event_id = models.UUIDField(_("event id"), default=uuid.uuid4, unique=True, editable=False)
+    tenant_id = models.CharField(_("tenant"), max_length=limits.TENANT)
+    stream_type = models.CharField(_("stream type"), max_length=limits.STREAM_TYPE, blank=True)
+    stream_id = models.CharField(_("stream id"), max_length=limits.STREAM_ID)
+    version = models.PositiveIntegerField(_("version"))
+    type = models.CharField(_("type"), max_length=limits.EVENT_TYPE)
+    schema_version = models.PositiveSmallIntegerField(_("schema version"), default=1)
+    payload = models.JSONField(_("payload"), default=dict, encoder=DjangoJSONEncoder)
+    metadata = models.JSONField(_("metadata"), default=dict, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(_("created at"))
+    created_by = models.CharField(
+        _("created by"), max_length=limits.CREATED_BY, blank=True, default=""
+    )
+
+    objects: ClassVar[EventQuerySet] = EngineManager.from_queryset(EventQuerySet)()  # type: ignore[assignment]
+
+    class Meta:
+        verbose_name = _("event")
+        verbose_name_plural = _("events")
+        ordering = ["position"]
+        constraints = [
+            # One version per stream, whatever the tenant: a stream id belongs to
+            # one tenant, and two tenants creating the same new stream at once
+            # cannot both succeed. Also the version guard of every append.
+            models.UniqueConstraint(
+                fields=["stream_id", "version"], name="kumiflow_event_stream_version_uq"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(version__gte=1), name="kumiflow_event_version_gte_1"
+            ),
+        ]
+        indexes = [
+            # Reads the log of one tenant from a position, optionally by type
+            # (awaited-event look-back, projections).
+            models.Index(fields=["tenant_id", "type", "position"], name="kumiflow_event_type_idx"),
+            models.Index(fields=["tenant_id", "position"], name="kumiflow_event_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.position} {self.type} ({self.stream_id} v{self.version})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not (self._state.adding and _write_allowed.get()):
+            raise _refuse("saving an event")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise _refuse("deleting an event")

@@ -1,0 +1,101 @@
+"""The names of the events the engine writes, and the reasons a run fails.
+
+Only the engine writes events under ``kumiflow.``; user code reads them
+(projections may subscribe to them) but cannot append them.
+"""
+
+from __future__ import annotations
+
+RUN_STREAM = "workflow-run"
+DISPATCH_STREAM = "step-dispatch"
+
+RUN_STARTED = "kumiflow.workflow.run-started"
+STEP_WAITING = "kumiflow.workflow.step.waiting"
+STEP_WAITING_FOR_EVENT = "kumiflow.workflow.step.waiting-for-event"
+RETRY_SCHEDULED = "kumiflow.workflow.retry.scheduled"
+EVENT_MATCHED = "kumiflow.workflow.event-matched"
+STEP_RESUMED = "kumiflow.workflow.step.resumed"
+RUN_COMPLETED = "kumiflow.workflow.run-completed"
+RUN_FAILED = "kumiflow.workflow.run-failed"
+RUN_CANCELLED = "kumiflow.workflow.run-cancelled"
+RUN_RETRIED = "kumiflow.workflow.run-retried"
+RUN_WOKEN = "kumiflow.workflow.run-woken"
+RUN_RECOVERED = "kumiflow.workflow.run-recovered"
+#: The database refused to store a segment; it is tried again at ``retry_at``.
+SEGMENT_REFUSED = "kumiflow.workflow.segment-refused"
+
+RUN_EVENTS = frozenset(
+    {
+        RUN_STARTED,
+        STEP_WAITING,
+        STEP_WAITING_FOR_EVENT,
+        RETRY_SCHEDULED,
+        EVENT_MATCHED,
+        STEP_RESUMED,
+        RUN_COMPLETED,
+        RUN_FAILED,
+        RUN_CANCELLED,
+        RUN_RETRIED,
+        RUN_WOKEN,
+        RUN_RECOVERED,
+        SEGMENT_REFUSED,
+    }
+)
+
+DISPATCH_REQUESTED = "kumiflow.step.dispatch-requested"
+DISPATCH_ATTEMPT_STARTED = "kumiflow.step.dispatch-attempt-started"
+DISPATCH_ATTEMPT_FAILED = "kumiflow.step.dispatch-attempt-failed"
+DISPATCHED = "kumiflow.step.dispatched"
+DISPATCH_FAILED = "kumiflow.step.dispatch-failed"
+DISPATCH_CANCELLED = "kumiflow.step.dispatch-cancelled"
+DISPATCH_REDELIVERY = "kumiflow.step.dispatch-redelivery-requested"
+
+#: The awaited "event type" of a step that waits for its delivery: either outcome.
+SETTLED = "kumiflow.step.dispatch-settled"
+OUTCOME_TYPES = (DISPATCHED, DISPATCH_FAILED)
+
+DISPATCH_EVENTS = frozenset(
+    {
+        DISPATCH_REQUESTED,
+        DISPATCH_ATTEMPT_STARTED,
+        DISPATCH_ATTEMPT_FAILED,
+        DISPATCHED,
+        DISPATCH_FAILED,
+        DISPATCH_CANCELLED,
+        DISPATCH_REDELIVERY,
+    }
+)
+
+# Reasons of run-failed (machine-readable; the error text says more).
+STEP_FAILED = "step_failed"
+DEFINITION_CHANGED = "workflow_definition_changed"
+NOT_REGISTERED = "workflow_not_registered"
+TRIGGER_UNAVAILABLE = "trigger_event_unavailable"
+AWAITED_UNAVAILABLE = "awaited_event_unavailable"
+CORRUPT_STATE = "corrupt_state"
+START_DEPTH_EXCEEDED = "start_depth_exceeded"
+STATE_TOO_LARGE = "state_too_large"
+UNSTORABLE_STATE = "unstorable_state"
+
+CRON_STREAM = "cron-schedule"
+#: A schedule's stream id is this prefix and its workflow's name.
+CRON_STREAM_PREFIX = "cron:"
+CRON_REGISTERED = "kumiflow.cron.schedule-registered"
+CRON_CHANGED = "kumiflow.cron.schedule-changed"
+CRON_REMOVED = "kumiflow.cron.schedule-removed"
+CRON_FIRED = "kumiflow.cron.fired"
+CRON_SKIPPED = "kumiflow.cron.skipped"
+CRON_ENABLED = "kumiflow.cron.enabled"
+CRON_DISABLED = "kumiflow.cron.disabled"
+
+CRON_EVENTS = frozenset(
+    {
+        CRON_REGISTERED,
+        CRON_CHANGED,
+        CRON_REMOVED,
+        CRON_FIRED,
+        CRON_SKIPPED,
+        CRON_ENABLED,
+        CRON_DISABLED,
+    }
+)

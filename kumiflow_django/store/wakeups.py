@@ -1,0 +1,109 @@
+"""Telling the loops that work was committed, so they need not wait for a poll.
+
+A transaction that leaves a due (or soon due) run, dispatch or schedule
+calls :func:`work_committed`. After it commits, loops in this process are
+woken directly, and on PostgreSQL a ``NOTIFY`` wakes loops in other
+processes; hooks registered with :func:`on_committed` (the Django Tasks
+wake-up, :mod:`kumiflow_django.tasks`) see every piece of work. The loops'
+own polls stay the source of truth: a lost notification only costs latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from functools import partial
+from typing import NamedTuple
+
+from kumiflow_django.conf import settings
+from kumiflow_django.store import clock, db
+
+logger = logging.getLogger("kumiflow_django.wakeups")
+
+CHANNEL = "kumiflow_work"
+
+
+class WorkKind(StrEnum):
+    """Which loop a piece of committed work is for."""
+
+    RESUME = "resume"
+    DISPATCH = "dispatch"
+    CRON = "cron"
+
+
+class Work(NamedTuple):
+    """Work that a transaction committed: its kind, when it is due (None: now),
+    and the run it belongs to, if any."""
+
+    kind: WorkKind
+    when: datetime | None = None
+    run_id: uuid.UUID | None = None
+
+
+Listener = Callable[[str], None]
+Hook = Callable[[Work], None]
+_listeners: list[Listener] = []
+_hooks: list[Hook] = []
+_lock = threading.Lock()
+
+
+def subscribe(listener: Listener) -> None:
+    """Call ``listener(kind)`` whenever work of some kind is committed (a loop's wake-up)."""
+    with _lock:
+        _listeners.append(listener)
+
+
+def unsubscribe(listener: Listener) -> None:
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
+def on_committed(hook: Hook) -> None:
+    """Call ``hook(work)`` after the commit of every piece of work (once per hook)."""
+    with _lock:
+        if hook not in _hooks:
+            _hooks.append(hook)
+
+
+def work_committed(
+    kind: WorkKind, when: datetime | None = None, run_id: uuid.UUID | None = None
+) -> None:
+    """Announce, after the current transaction commits, work of ``kind`` due at ``when``."""
+    db.on_commit(partial(_committed, Work(kind, when, run_id)))
+
+
+def _committed(work: Work) -> None:
+    with _lock:
+        hooks = list(_hooks)
+    for hook in hooks:
+        try:
+            hook(work)
+        except Exception:  # one hook never stops the wake-up of the loops
+            logger.warning("a wake-up hook failed for %s", work, exc_info=True)
+    soon = clock.now() + timedelta(seconds=settings.MAX_INTERVAL)
+    if work.when is None or work.when <= soon:  # far away: the loops find it by polling
+        announce(work.kind)
+
+
+def announce_local(kind: str) -> None:
+    with _lock:
+        listeners = list(_listeners)
+    for listener in listeners:
+        listener(kind)
+
+
+def announce(kind: str) -> None:
+    """Wake the loops of ``kind`` here, and (PostgreSQL) in every other process."""
+    announce_local(kind)
+    connection = db.connection()
+    if connection.vendor == "postgresql":
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, kind])
+        except Exception:  # a notification is an optimisation, never a failure
+            logger.debug("NOTIFY failed", exc_info=True)

@@ -1,0 +1,181 @@
+"""The resume loop: finds due runs through the ``wake_at`` index and resumes them.
+
+Each run is resumed in its own transaction, claimed with ``SELECT … FOR
+UPDATE SKIP LOCKED`` where the database has it and guarded everywhere by the
+run stream's version: any number of loops may run against one database.
+
+Before the segment, the loop also writes a lease on the row (worker id and
+an expiry) in a short transaction of its own; the segment clears it when it
+commits. A lease left behind means the worker died in the middle of the
+segment (its transaction was rolled back): once the lease has expired,
+another worker resumes the run and records the recovery in the run's
+stream, where the admin shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
+
+from kumiflow_django.conf import settings
+from kumiflow_django.definition.durations import isoformat
+from kumiflow_django.engine.resuming import resume_run
+from kumiflow_django.projections.runs import WorkflowRun
+from kumiflow_django.store import clock, db
+from kumiflow_django.store.db import is_transient
+from kumiflow_django.store.wakeups import WorkKind
+from kumiflow_django.workers.loop import Loop
+
+logger = logging.getLogger("kumiflow_django.resume")
+
+
+Due = tuple[uuid.UUID, int, str, datetime | None]
+
+#: Runs leased per statement: few enough that a lease does not run out while
+#: its run waits for the ones before it.
+CLAIM_CHUNK = 10
+
+
+def due_runs(now: datetime, limit: int) -> list[Due]:
+    """(id, version, lease owner, lease expiry) of due runs, earliest first:
+    one indexed range read."""
+    return list(
+        WorkflowRun.objects.due(now)
+        .order_by("wake_at")
+        .values_list("id", "version", "lease_owner", "lease_until")[:limit]
+    )
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+class ResumeLoop(Loop):
+    name = "resume"
+    kinds = (WorkKind.RESUME,)
+
+    def __init__(
+        self,
+        *,
+        worker_id: str | None = None,
+        batch_size: int = 100,
+        max_interval: float = 5.0,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__(batch_size=batch_size, max_interval=max_interval)
+        self.worker_id = worker_id or default_worker_id()
+        self.threads = threads or settings.RESUME_THREADS
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _parallel(self) -> bool:
+        # SQLite lets one writer in at a time: threads would only queue for it.
+        # Inside a transaction (a test), other connections would not see its data.
+        connection = db.connection()
+        return self.threads > 1 and connection.vendor != "sqlite" and not connection.in_atomic_block
+
+    def _claim(self, chunk: list[Due], now: datetime) -> list[tuple[uuid.UUID, int, Any]]:
+        """Lease a few due runs in one statement; return those now leased to us,
+        each with the expired lease it took over (a recovery), if any."""
+        candidates: dict[uuid.UUID, tuple[int, Any]] = {}
+        for run_id, version, owner, until in chunk:
+            if owner and until is not None and until > now:
+                continue  # a worker is on it (or parked it after an unexpected error)
+            if owner and owner != self.worker_id:
+                recovered = {"from": owner, "lease_until": isoformat(until) if until else None}
+                candidates[run_id] = (version, recovered)
+            else:
+                candidates[run_id] = (version, None)
+        if not candidates:
+            return []
+        free = Q(lease_owner="") | Q(lease_until__lt=now) | Q(lease_owner=self.worker_id)
+        lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
+        rows = WorkflowRun.objects.filter(pk__in=list(candidates))
+        rows.filter(free).update(lease_owner=self.worker_id, lease_until=lease_until)
+        mine = set(rows.filter(lease_owner=self.worker_id).values_list("id", flat=True))
+        return [(run_id, *candidates[run_id]) for run_id in candidates if run_id in mine]
+
+    def _release(self, run_id: uuid.UUID) -> None:
+        WorkflowRun.objects.filter(pk=run_id, lease_owner=self.worker_id).update(
+            lease_owner="", lease_until=None
+        )
+
+    def run_once(self) -> int:
+        now = clock.now()
+        due = due_runs(now, self.batch_size)
+        chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
+        if not self._parallel() or len(chunks) < 2:
+            return sum(self._work(chunk, now) for chunk in chunks)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
+        return sum(self._pool.map(self._work_in_thread, chunks, [now] * len(chunks)))
+
+    def _work_in_thread(self, chunk: list[Due], now: datetime) -> int:
+        # Each pool thread keeps its own connection; drop it if it broke.
+        connection = db.connection()
+        broken = connection.connection is not None and connection.errors_occurred
+        if broken and not connection.is_usable():
+            connection.close()
+        return self._work(chunk, now)
+
+    def _work(self, chunk: list[Due], now: datetime) -> int:
+        """Lease a chunk of due runs and resume them one after the other."""
+        resumed = 0
+        for run_id, version, recovered in self._claim(chunk, now):
+            if self.stopping:
+                self._release(run_id)
+                continue
+            if recovered:
+                logger.warning(
+                    "run %s: taking over from %s, whose lease expired", run_id, recovered["from"]
+                )
+            try:
+                run = resume_run(
+                    run_id, skip_locked=True, expected_version=version, recovered=recovered
+                )
+            except Exception as exc:
+                # Not a step error (those fail the run), not a refusal (recorded
+                # with a backoff): the database is away, or something nobody
+                # expected broke. The transaction was rolled back.
+                if is_transient(exc):
+                    logger.warning("run %s: resume failed (%s); it stays due", run_id, exc)
+                    self._release(run_id)
+                else:
+                    # Keep the lease: the run is tried again when it runs out,
+                    # not at once on every poll.
+                    logger.exception(
+                        "run %s: resume failed; tried again in %ss", run_id, settings.LEASE_SECONDS
+                    )
+                continue
+            if run is None:
+                self._release(run_id)
+            else:
+                resumed += 1
+        return resumed
+
+    def close(self) -> None:
+        """Stop the pool threads and close their connections."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            for _ in range(self.threads):
+                pool.submit(_close_connection)
+            pool.shutdown(wait=True)
+
+    def next_due(self) -> datetime | None:
+        return (
+            WorkflowRun.objects.filter(wake_at__isnull=False)
+            .order_by("wake_at")
+            .values_list("wake_at", flat=True)
+            .first()
+        )
+
+
+def _close_connection() -> None:
+    db.connection().close()

@@ -1,0 +1,87 @@
+"""The worker: the resume, dispatch and cron loops in one process.
+
+Each loop runs in its own thread with its own database connection; one
+``stop()`` (SIGINT/SIGTERM in ``kumiflow_worker``) lets each finish the item
+at hand, and the worker returns when all have. Start as many workers as you
+like, on as many machines, against one PostgreSQL or MariaDB: they share
+the work through skip-locked claims, stream versions and leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from kumiflow_django.store import db
+from kumiflow_django.workers.cron import CronLoop
+from kumiflow_django.workers.dispatch import DispatchLoop
+from kumiflow_django.workers.loop import Loop
+from kumiflow_django.workers.resume import ResumeLoop, default_worker_id
+
+logger = logging.getLogger("kumiflow_django.workers.worker")
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        resume: bool = True,
+        dispatch: bool = True,
+        cron: bool = True,
+        batch_size: int = 100,
+        max_interval: float = 5.0,
+        worker_id: str | None = None,
+    ) -> None:
+        self.worker_id = worker_id or default_worker_id()
+        self.loops: list[Loop] = []
+        if resume:
+            self.loops.append(
+                ResumeLoop(
+                    worker_id=self.worker_id, batch_size=batch_size, max_interval=max_interval
+                )
+            )
+        if dispatch:
+            self.loops.append(DispatchLoop(batch_size=batch_size, max_interval=max_interval))
+        if cron:
+            self.loops.append(CronLoop(batch_size=batch_size, max_interval=max_interval))
+        if not self.loops:
+            raise ValueError("a worker needs at least one loop")
+        #: Set when a loop died of something other than a database error.
+        self.crashed = False
+
+    def run_once(self) -> dict[str, int]:
+        return {loop.name: loop.run_once() for loop in self.loops}
+
+    def stop(self) -> None:
+        for loop in self.loops:
+            loop.stop()
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self._run_loop, args=(loop,), name=f"kumiflow-{loop.name}")
+            for loop in self.loops
+        ]
+        logger.info(
+            "worker %s: running %s", self.worker_id, ", ".join(loop.name for loop in self.loops)
+        )
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.5)  # keeps the main thread free for signals
+        logger.info("worker %s stopped", self.worker_id)
+
+    def _run_loop(self, loop: Loop) -> None:
+        try:
+            loop.run_forever()
+        except BaseException:  # a SystemExit ends a thread silently: not this one
+            logger.exception("the %s loop crashed; stopping the worker", loop.name)
+            self.crashed = True
+            self.stop()
+        else:
+            if not loop.stopping:
+                logger.error("the %s loop ended unasked; stopping the worker", loop.name)
+                self.crashed = True
+                self.stop()
+        finally:
+            db.connection().close()
