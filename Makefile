@@ -4,9 +4,9 @@
 VENV    := .venv
 PY      := $(VENV)/bin/python
 GROUPS  ?= dev
-STAMP   := $(VENV)/.installed-$(subst $(space),-,$(GROUPS))
 empty   :=
 space   := $(empty) $(empty)
+STAMP   := $(VENV)/.installed-$(subst $(space),-,$(GROUPS))
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint fmt serve bench venv clean docs
@@ -30,6 +30,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy kumiflow_django testproject tests
+	$(VENV)/bin/lint-imports
 	DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
 	DATABASE_URL=sqlite:///:memory: $(PY) manage.py check --fail-level WARNING
 

@@ -20,16 +20,13 @@ import hashlib
 import json
 import math
 from collections.abc import Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import connections
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
-if TYPE_CHECKING:
-    from django.db.models import QuerySet
-
-    from kumiflow_django.store.models import Event
+from kumiflow_django.store.models import Event
 
 _TOP_LEVEL = ("stream_id", "stream_type")
 _ROOTS = ("payload", "metadata")
@@ -151,8 +148,6 @@ def gaps_below(position: int) -> list[int]:
     a smaller position than the run's cut-off. The run keeps these gaps, and
     an event at one of them counts as after its start.
     """
-    from kumiflow_django.store.models import Event
-
     low = max(0, position - GAP_WINDOW)
     present = set(
         Event.objects.filter(position__gt=low, position__lte=position).values_list(
@@ -177,8 +172,6 @@ def lookback(
 ) -> Event | None:
     """The first event of the tenant after position ``after`` (or at one of the
     cut-off's ``gaps``) that matches, if any."""
-    from kumiflow_django.store.models import Event
-
     window = Q(position__gt=after)
     if gaps:
         window |= Q(position__in=sorted(gaps))
