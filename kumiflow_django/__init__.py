@@ -166,6 +166,10 @@ MOVED_MODULES: dict[str, str] = {
     "kumiflow_django.worker": "kumiflow_django.workers.worker",
     "kumiflow_django.picture": "kumiflow_django.admin.picture",
     "kumiflow_django.steps.base": "kumiflow_django.definition.step",
+    "kumiflow_django.models.event": "kumiflow_django.store.models",
+    "kumiflow_django.models.run": "kumiflow_django.projections.runs",
+    "kumiflow_django.models.dispatch": "kumiflow_django.projections.dispatches",
+    "kumiflow_django.models.cron": "kumiflow_django.projections.schedules",
 }
 
 

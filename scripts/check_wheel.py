@@ -21,9 +21,20 @@ def main() -> int:
         wheel = next(Path(out).glob("kumiflow_django-*.whl"))
         names = zipfile.ZipFile(wheel).namelist()
     problems = []
-    for needed in ("kumiflow_django/py.typed", "kumiflow_django/migrations/0001_initial.py"):
-        if needed not in names:
-            problems.append(f"missing {needed}")
+    needed = [
+        "kumiflow_django/py.typed",
+        "kumiflow_django/migrations/0001_initial.py",
+        *(
+            f"kumiflow_django/{layer}/__init__.py"
+            for layer in ("store", "definition", "steps", "projections", "outbox", "engine")
+        ),
+        *(f"kumiflow_django/{layer}/__init__.py" for layer in ("cron", "workers", "admin")),
+    ]
+    for name in needed:
+        if name not in names:
+            problems.append(f"missing {name}")
+    if not any(n.endswith(".dist-info/licenses/LICENSE") for n in names):
+        problems.append("no LICENSE in the dist-info")
     if not any(n.startswith("kumiflow_django/templates/") and n.endswith(".html") for n in names):
         problems.append("no templates")
     for forbidden in ("testproject/", "tests/", "bench/", "docs/"):

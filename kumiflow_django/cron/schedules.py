@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, transaction
 from django.db.models import Max
@@ -193,8 +193,15 @@ def _start(schedule: CronSchedule, occurrence: datetime, manual: bool = False) -
     return str(run.id)
 
 
-def _choose(schedule: CronSchedule, now: datetime) -> tuple[list[datetime], int]:
+class Choice(NamedTuple):
     """The due occurrences to fire now, and how many due ones are skipped."""
+
+    fire: list[datetime]
+    skipped: int
+
+
+def _choose(schedule: CronSchedule, now: datetime) -> Choice:
+    """Which due occurrences fire, by the schedule's misfire policy."""
     assert schedule.next_fire_at is not None
     first = schedule.next_fire_at
     due = [
@@ -215,7 +222,7 @@ def _choose(schedule: CronSchedule, now: datetime) -> tuple[list[datetime], int]
         chosen = late[-schedule.max_catch_up :] + on_time
     else:
         chosen = on_time
-    return chosen, len(due) - len(chosen)
+    return Choice(chosen, len(due) - len(chosen))
 
 
 def fire_schedule(workflow: str, version: int | None = None) -> int:

@@ -18,10 +18,11 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.models import Q
 
@@ -37,7 +38,23 @@ from kumiflow_django.workers.loop import Loop
 logger = logging.getLogger("kumiflow_django.resume")
 
 
-Due = tuple[uuid.UUID, int, str, datetime | None]
+class Due(NamedTuple):
+    """A due run as the due query reads it (one indexed range read)."""
+
+    id: uuid.UUID
+    version: int
+    lease_owner: str
+    lease_until: datetime | None
+
+
+class Claimed(NamedTuple):
+    """A run leased to this worker: the version it was due at, and the expired
+    lease of another worker it takes over, if any (a recovery)."""
+
+    id: uuid.UUID
+    version: int
+    recovered: dict[str, Any] | None
+
 
 #: Runs leased per statement: few enough that a lease does not run out while
 #: its run waits for the ones before it.
@@ -47,11 +64,12 @@ CLAIM_CHUNK = 10
 def due_runs(now: datetime, limit: int) -> list[Due]:
     """(id, version, lease owner, lease expiry) of due runs, earliest first:
     one indexed range read."""
-    return list(
+    rows = (
         WorkflowRun.objects.due(now)
         .order_by("wake_at")
         .values_list("id", "version", "lease_owner", "lease_until")[:limit]
     )
+    return [Due(*row) for row in rows]
 
 
 def default_worker_id() -> str:
@@ -81,18 +99,17 @@ class ResumeLoop(Loop):
         connection = db.connection()
         return self.threads > 1 and connection.vendor != "sqlite" and not connection.in_atomic_block
 
-    def _claim(self, chunk: list[Due], now: datetime) -> list[tuple[uuid.UUID, int, Any]]:
-        """Lease a few due runs in one statement; return those now leased to us,
-        each with the expired lease it took over (a recovery), if any."""
-        candidates: dict[uuid.UUID, tuple[int, Any]] = {}
-        for run_id, version, owner, until in chunk:
+    def _claim(self, chunk: list[Due], now: datetime) -> list[Claimed]:
+        """Lease a few due runs in one statement; return those now leased to us."""
+        candidates: dict[uuid.UUID, Claimed] = {}
+        for due in chunk:
+            owner, until = due.lease_owner, due.lease_until
             if owner and until is not None and until > now:
                 continue  # a worker is on it (or parked it after an unexpected error)
+            recovered = None
             if owner and owner != self.worker_id:
                 recovered = {"from": owner, "lease_until": isoformat(until) if until else None}
-                candidates[run_id] = (version, recovered)
-            else:
-                candidates[run_id] = (version, None)
+            candidates[due.id] = Claimed(due.id, due.version, recovered)
         if not candidates:
             return []
         free = Q(lease_owner="") | Q(lease_until__lt=now) | Q(lease_owner=self.worker_id)
@@ -100,7 +117,7 @@ class ResumeLoop(Loop):
         rows = WorkflowRun.objects.filter(pk__in=list(candidates))
         rows.filter(free).update(lease_owner=self.worker_id, lease_until=lease_until)
         mine = set(rows.filter(lease_owner=self.worker_id).values_list("id", flat=True))
-        return [(run_id, *candidates[run_id]) for run_id in candidates if run_id in mine]
+        return [claimed for run_id, claimed in candidates.items() if run_id in mine]
 
     def _release(self, run_id: uuid.UUID) -> None:
         WorkflowRun.objects.filter(pk=run_id, lease_owner=self.worker_id).update(
@@ -161,12 +178,19 @@ class ResumeLoop(Loop):
         return resumed
 
     def close(self) -> None:
-        """Stop the pool threads and close their connections."""
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            for _ in range(self.threads):
-                pool.submit(_close_connection)
-            pool.shutdown(wait=True)
+        """Stop the pool threads and close the connection of each of them.
+
+        One task per thread, each waiting at a barrier until all of them run:
+        so every thread runs exactly one and closes its own connection (a
+        connection can only be closed by its thread)."""
+        if self._pool is None:
+            return
+        pool, self._pool = self._pool, None
+        barrier = threading.Barrier(self.threads)
+        closed = [pool.submit(_close_connection, barrier) for _ in range(self.threads)]
+        for future in closed:
+            future.result()
+        pool.shutdown(wait=True)
 
     def next_due(self) -> datetime | None:
         return (
@@ -177,5 +201,10 @@ class ResumeLoop(Loop):
         )
 
 
-def _close_connection() -> None:
-    db.connection().close()
+def _close_connection(barrier: threading.Barrier) -> None:
+    try:
+        barrier.wait(timeout=30)
+    except threading.BrokenBarrierError:  # a thread is stuck: close ours all the same
+        logger.warning("resume pool: not every thread reached close()")
+    finally:
+        db.connection().close()
