@@ -79,6 +79,17 @@ elif _db["ENGINE"] == "django.db.backends.mysql":
     _db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
 
+# A second database, for the tests that put kumiflow-django's tables in a
+# database of their own (KUMIFLOW_DATABASE = "workflows"): same server, its
+# own database. Only the tests that ask for it create it.
+DATABASES["workflows"] = {
+    **_db,
+    "NAME": f"{_db['NAME']}_workflows" if _db["NAME"] != ":memory:" else ":memory:",
+    "TEST": {**_db.get("TEST", {}), "NAME": None},
+}
+if _db["ENGINE"] == "django.db.backends.sqlite3" and _db["NAME"] != ":memory:":
+    DATABASES["workflows"]["TEST"] = {"NAME": str(BASE_DIR / "test_workflows.sqlite3")}
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

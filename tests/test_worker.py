@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import threading
-import time
 from typing import Any
 
 import django
@@ -140,14 +139,22 @@ def test_a_worker_killed_mid_segment_is_taken_over_after_its_lease(admin_client)
     assert "1 (resumed by another worker after a lease ran out)" in page.content.decode()
 
 
+def listening() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN kumiflow%%'")
+        return bool(cursor.fetchone()[0])
+
+
 @pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_postgresql_notifications_wake_a_sleeping_worker():
     if connection.vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
-    worker = spawn("kumiflow_resume", "--max-interval", "60", "-v", "0")
+    worker = spawn("kumiflow_resume", "--max-interval", "60", "-v", "2")
     try:
-        time.sleep(3)  # it started, polled, found nothing, and sleeps for up to a minute
+        # It listens, polled, found nothing, and sleeps for up to a minute.
+        wait_for(listening, 60, "the worker's LISTEN connection")
+        wait_for(lambda: "resume loop: idle" in output(worker), 60, "the worker to fall asleep")
         append_event("nudge", "tally.requested", {})
         wait_for(
             lambda: WorkflowRun.objects.filter(status=RunStatus.COMPLETED).exists(),
@@ -162,3 +169,26 @@ def test_postgresql_notifications_wake_a_sleeping_worker():
 def test_the_tasks_setting_needs_django_tasks():
     with override_settings(KUMIFLOW_TASKS_BACKEND="default"):
         assert [m.id for m in check_settings()] == ["kumiflow.E014"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_signal_exits_at_once_while_a_step_is_busy():
+    """The first SIGINT asks the loops to finish the segment at hand; the second
+    ends the process at once (status 1), although a loop thread is busy in a
+    30-second step. The database rolls the segment back; nothing is lost."""
+    with transaction.atomic():
+        append_event("slow-1", "tally.requested", {"sleep": 30})
+    worker = spawn("kumiflow_worker", "--no-cron", "--no-dispatch", "--max-interval", "0.2")
+    try:
+        wait_for(lambda: WorkflowRun.objects.exclude(lease_owner="").exists(), 60, "a busy segment")
+        worker.send_signal(signal.SIGINT)
+        wait_for(lambda: "signal again to force" in output(worker), 30, "the first signal")
+        worker.send_signal(signal.SIGINT)
+        code = worker.wait(10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert code == 1, output(worker)[-2000:]
+    assert "second signal: exiting now" in output(worker)
+    run = WorkflowRun.objects.get()
+    assert run.status == RunStatus.PENDING, "the busy segment was rolled back"

@@ -86,6 +86,7 @@ class Loop:
                 except Exception:
                     logger.exception("%s loop: finding the next due time failed", self.name)
                     pause = self.max_interval
+                logger.debug("%s loop: idle for up to %.1f s", self.name, pause)
                 self._wake.wait(pause)
                 self._wake.clear()
         finally:
