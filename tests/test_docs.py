@@ -45,7 +45,7 @@ def clean_extensions():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "workflows"])
 def test_the_code_blocks_of_a_page_run(page, registry, clean_extensions, mailoutbox, settings):
     namespace: dict[str, object] = {"__name__": f"docs.{page.stem}"}
     for match in blocks(page):
