@@ -25,8 +25,10 @@ class EngineManager[M: models.Model](models.Manager[M]):
     """Reads and writes go to ``KUMIFLOW_DATABASE`` unless told ``using()``."""
 
     def get_queryset(self) -> models.QuerySet[M, M]:
-        queryset = super().get_queryset()
-        return queryset if self._db else queryset.using(alias())
+        # What Manager.get_queryset() does, with the database chosen here (no clone).
+        return self._queryset_class(  # type: ignore[no-any-return]
+            model=self.model, using=self._db or alias(), hints=self._hints
+        )
 
 
 # Set only by the event store while it inserts, and by the erasure permit.
