@@ -18,6 +18,7 @@ class KumiflowConfig(AppConfig):
             checks,  # noqa: F401  (registers the checks)
             steps,  # noqa: F401  (registers the step kinds)
         )
+        from kumiflow_django.http import ready as http_ready  # noqa: F401  (tokens, notify)
         from kumiflow_django.immutability import register_sqlite_function
         from kumiflow_django.receivers import on_event_appended
         from kumiflow_django.signals import event_appended

@@ -1,0 +1,417 @@
+"""Live run streams: a run's events as server-sent events, as they are appended.
+
+One view serves both servers. Under ASGI it answers an async iterator, so a
+stream waiting for its run holds no thread; under WSGI a sync iterator,
+which holds the worker thread as any streaming response does.
+
+What wakes a stream to read its run's new events:
+
+- On PostgreSQL (``KUMIFLOW_SSE_LISTEN``, psycopg 3.2 or later) each stream
+  opens one connection of its own, LISTENs on ``kumiflow_runs`` (see
+  :mod:`kumiflow_django.http.notify`) and reads through it when its run is
+  announced. The stream then keeps no Django connection open: one database
+  backend per stream. LISTEN starts before the first read, so no change
+  falls between the two; a broken connection is reopened and read again.
+- Everywhere (and as a safety net under LISTEN), a read every
+  ``KUMIFLOW_SSE_POLL_INTERVAL`` seconds.
+
+A client that goes away frees its connection at once under ASGI (Django
+cancels the response, the iterator's ``finally`` closes it); under WSGI
+the server notices at the next write, at the latest at the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.db import connections, models, router, transaction
+from django.db.models.options import Options
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from kumiflow_django.conf import settings
+from kumiflow_django.http import openapi, service, tokens
+from kumiflow_django.http.auth import authenticate
+from kumiflow_django.http.errors import ApiError
+from kumiflow_django.http.notify import CHANNEL
+from kumiflow_django.http.serializers import EVENT_FIELDS, event_json
+from kumiflow_django.http.views import convert, method_not_allowed
+from kumiflow_django.models import Event, RunStatus, WorkflowRun
+
+logger = logging.getLogger("kumiflow_django.http")
+
+FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+#: Events read at most per read; a stream that is further behind reads on at once.
+BATCH = 500
+HEARTBEAT = b": keep-alive\n\n"
+#: Sent first, once the stream listens: the client knows it is connected.
+OPENED = b": connected\n\n"
+ENDPOINT = next(e for e in openapi.ENDPOINTS if e.operation_id == "streamRunEvents")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One read: the run's status and version, then its events after the client's last."""
+
+    status: str | None  # None: the run is gone
+    version: int
+    events: list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    run_id: str
+    tenant: str
+    after: int
+    alias: str
+    #: psycopg connection parameters when the stream LISTENs; None when it polls.
+    listen: dict[str, Any] | None
+
+
+def frame(event: dict[str, Any]) -> bytes:
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return f"id: {event['version']}\nevent: {event['type']}\ndata: {data}\n\n".encode()
+
+
+def end_frame(status: str | None, version: int) -> bytes:
+    data = json.dumps({"status": status, "stream_version": version}, separators=(",", ":"))
+    return f"event: end\ndata: {data}\n\n".encode()
+
+
+class RunStream:
+    """What one client has been sent, and what to send it after a read."""
+
+    def __init__(self, after: int) -> None:
+        self.last = after
+        self.done = False
+
+    def frames(self, snapshot: Snapshot) -> list[bytes]:
+        """The frames of the events the client has not had, and the end once the
+        run has finished and the client has all its events.
+
+        The run row is read before the events: the events of the version the row
+        shows are committed with it, so they are in the read too.
+        """
+        out = []
+        for row in snapshot.events:
+            event = event_json(row)
+            if event["version"] > self.last:
+                out.append(frame(event))
+                self.last = event["version"]
+        caught_up = self.last >= snapshot.version
+        if caught_up and (snapshot.status is None or snapshot.status in FINISHED):
+            out.append(end_frame(snapshot.status, snapshot.version))
+            self.done = True
+        return out
+
+    @staticmethod
+    def behind(snapshot: Snapshot) -> bool:
+        """Whether the read was cut at BATCH events: read again before waiting."""
+        return len(snapshot.events) >= BATCH
+
+
+def read(run_id: str, tenant: str, after: int) -> Snapshot:
+    """A snapshot through Django's connection (polling streams)."""
+    row = (
+        WorkflowRun.objects.filter(pk=run_id, tenant_id=tenant)
+        .values_list("status", "version")
+        .first()
+    )
+    events = list(
+        Event.objects.filter(stream_id=run_id, tenant_id=tenant, version__gt=after)
+        .order_by("version")
+        .values_list(*EVENT_FIELDS)[:BATCH]
+    )
+    return Snapshot(row[0] if row else None, row[1] if row else 0, events)
+
+
+def _sql(alias: str) -> tuple[str, str]:
+    """The two reads of a snapshot, for a raw psycopg connection (PostgreSQL).
+
+    Built from the models' metadata (quoted names, no values); values are bound.
+    """
+    qn = connections[alias].ops.quote_name
+    run, event = WorkflowRun._meta, Event._meta
+
+    def column(meta: Options[Any], name: str) -> str:
+        field = meta.get_field(name)
+        assert isinstance(field, models.Field) and field.column
+        return qn(field.column)
+
+    rc = {f: column(run, f) for f in ("id", "tenant_id", "status", "version")}
+    ec = {f: column(event, f) for f in EVENT_FIELDS}
+    run_sql = (
+        f"SELECT {rc['status']}, {rc['version']} FROM {qn(run.db_table)} "  # noqa: S608
+        f"WHERE {rc['id']} = %s AND {rc['tenant_id']} = %s"
+    )
+    events_sql = (
+        f"SELECT {', '.join(ec.values())} FROM {qn(event.db_table)} "  # noqa: S608
+        f"WHERE {ec['stream_id']} = %s AND {ec['tenant_id']} = %s AND {ec['version']} > %s "
+        f"ORDER BY {ec['version']} LIMIT {BATCH}"
+    )
+    return run_sql, events_sql
+
+
+def listen_params(alias: str) -> dict[str, Any] | None:
+    """psycopg parameters of a LISTEN connection to ``alias``, or None to poll."""
+    connection = connections[alias]
+    if not settings.SSE_LISTEN or connection.vendor != "postgresql":
+        return None
+    try:
+        import psycopg
+    except ImportError:  # psycopg2: no notifies() with a timeout
+        return None
+    if tuple(int(p) for p in psycopg.__version__.split(".")[:2]) < (3, 2):
+        return None
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)  # Django's is a sync cursor
+    return params
+
+
+def last_event_id(request: HttpRequest) -> int:
+    header = request.headers.get("Last-Event-ID")
+    if header is not None:
+        return int(convert(header.strip(), {"type": "integer", "minimum": 0}, "Last-Event-ID"))
+    query = request.GET.get("last_event_id")
+    if query is not None:
+        return int(convert(query, {"type": "integer", "minimum": 0}, "last_event_id"))
+    return 0
+
+
+def open_stream(request: HttpRequest, run_id: str) -> StreamSpec | HttpResponse:
+    """Check the caller and the run; the stream's parameters, or the answer instead of one."""
+    try:
+        principal = authenticate(request)
+        principal.require(tokens.VIEW)
+        run = service.find_run(principal, run_id)
+        after = last_event_id(request)
+    except ApiError as error:
+        return error.response()
+    if run.status in FINISHED and after >= run.version:
+        return HttpResponse(status=204)  # nothing left: an EventSource stops reconnecting
+    alias = router.db_for_read(Event)
+    return StreamSpec(str(run.id), run.tenant_id, after, alias, listen_params(alias))
+
+
+def release_django_connection(alias: str) -> None:
+    """Close the request's Django connection while a LISTEN stream runs: the stream
+    reads through its own, so each stream holds one backend, not two."""
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+class Listener:
+    """A stream's own PostgreSQL connection (sync): LISTEN, wait, read."""
+
+    def __init__(self, spec: StreamSpec) -> None:
+        assert spec.listen is not None
+        self.spec = spec
+        self.sql = _sql(spec.alias)
+        self.conn: Any = None
+
+    def open(self) -> None:
+        import psycopg
+
+        self.conn = psycopg.Connection.connect(autocommit=True, **self.spec.listen or {})
+        self.conn.execute(f"LISTEN {CHANNEL}")
+
+    def read(self, after: int) -> Snapshot:
+        run_id, tenant = self.spec.run_id, self.spec.tenant
+        with self.conn.cursor() as cursor:
+            row = cursor.execute(self.sql[0], [run_id, tenant]).fetchone()
+            events = cursor.execute(self.sql[1], [run_id, tenant, after]).fetchall()
+        return Snapshot(row[0] if row else None, row[1] if row else 0, events)
+
+    def wait(self, timeout: float) -> None:
+        """Until the run is announced or ``timeout`` seconds have passed."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            notes = list(self.conn.notifies(timeout=remaining, stop_after=1))
+            if any(n.payload == self.spec.run_id for n in notes):
+                return
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class AsyncListener(Listener):
+    """The same with psycopg's async connection, for streams under ASGI."""
+
+    async def aopen(self) -> None:
+        import psycopg
+
+        self.conn = await psycopg.AsyncConnection.connect(autocommit=True, **self.spec.listen or {})
+        await self.conn.execute(f"LISTEN {CHANNEL}")
+
+    async def aread(self, after: int) -> Snapshot:
+        run_id, tenant = self.spec.run_id, self.spec.tenant
+        async with self.conn.cursor() as cursor:
+            await cursor.execute(self.sql[0], [run_id, tenant])
+            row = await cursor.fetchone()
+            await cursor.execute(self.sql[1], [run_id, tenant, after])
+            events = await cursor.fetchall()
+        return Snapshot(row[0] if row else None, row[1] if row else 0, events)
+
+    async def await_(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            notes = [n async for n in self.conn.notifies(timeout=remaining, stop_after=1)]
+            if any(n.payload == self.spec.run_id for n in notes):
+                return
+
+    async def aclose(self) -> None:
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            await conn.close()
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - only LISTEN streams call this
+        return False
+    return isinstance(exc, psycopg.OperationalError)
+
+
+class _Clock:
+    """When the next heartbeat is due; any frame sent counts as one."""
+
+    def __init__(self) -> None:
+        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
+
+    def sent(self) -> None:
+        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
+
+    def timeout(self) -> float:
+        return max(0.0, min(settings.SSE_POLL_INTERVAL, self.next_beat - time.monotonic()))
+
+    def beat_due(self) -> bool:
+        return time.monotonic() >= self.next_beat
+
+
+async def astream(spec: StreamSpec) -> AsyncIterator[bytes]:
+    """The stream's frames under ASGI."""
+    stream, clock = RunStream(spec.after), _Clock()
+    listener = AsyncListener(spec) if spec.listen is not None else None
+    try:
+        if listener is not None:
+            await sync_to_async(release_django_connection)(spec.alias)
+            await listener.aopen()
+        yield OPENED
+        while True:
+            try:
+                if listener is not None:
+                    snapshot = await listener.aread(stream.last)
+                else:
+                    snapshot = await sync_to_async(read)(spec.run_id, spec.tenant, stream.last)
+            except Exception as exc:
+                if listener is None or not _connection_lost(exc):
+                    raise
+                logger.warning("run %s: the stream's connection broke; reconnecting", spec.run_id)
+                await listener.aclose()
+                await asyncio.sleep(settings.SSE_POLL_INTERVAL)
+                await listener.aopen()
+                continue
+            frames = stream.frames(snapshot)
+            for chunk in frames:
+                yield chunk
+            if stream.done:
+                return
+            if frames:
+                clock.sent()
+            if RunStream.behind(snapshot):
+                continue
+            timeout = clock.timeout()
+            if listener is not None:
+                try:
+                    await listener.await_(timeout)
+                except Exception as exc:
+                    if not _connection_lost(exc):
+                        raise
+                    # The next read fails too, and reconnects.
+            else:
+                await asyncio.sleep(timeout)
+            if clock.beat_due():
+                yield HEARTBEAT
+                clock.sent()
+    finally:
+        if listener is not None:
+            await listener.aclose()
+
+
+def stream(spec: StreamSpec) -> Iterator[bytes]:
+    """The stream's frames under WSGI."""
+    run_stream, clock = RunStream(spec.after), _Clock()
+    listener = Listener(spec) if spec.listen is not None else None
+    try:
+        if listener is not None:
+            release_django_connection(spec.alias)
+            listener.open()
+        yield OPENED
+        while True:
+            try:
+                if listener is not None:
+                    snapshot = listener.read(run_stream.last)
+                else:
+                    snapshot = read(spec.run_id, spec.tenant, run_stream.last)
+            except Exception as exc:
+                if listener is None or not _connection_lost(exc):
+                    raise
+                logger.warning("run %s: the stream's connection broke; reconnecting", spec.run_id)
+                listener.close()
+                time.sleep(settings.SSE_POLL_INTERVAL)
+                listener.open()
+                continue
+            frames = run_stream.frames(snapshot)
+            yield from frames
+            if run_stream.done:
+                return
+            if frames:
+                clock.sent()
+            if RunStream.behind(snapshot):
+                continue
+            timeout = clock.timeout()
+            if listener is not None:
+                try:
+                    listener.wait(timeout)
+                except Exception as exc:
+                    if not _connection_lost(exc):
+                        raise
+            else:
+                time.sleep(timeout)
+            if clock.beat_due():
+                yield HEARTBEAT
+                clock.sent()
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+@csrf_exempt
+@transaction.non_atomic_requests
+async def run_events_view(request: HttpRequest, run_id: str) -> HttpResponseBase:
+    """``GET runs/<id>/events/``: see the module docstring and docs/live-streams.md."""
+    if request.method != "GET":
+        return method_not_allowed({"get": ENDPOINT})
+    opened = await sync_to_async(open_stream)(request, run_id)
+    if isinstance(opened, HttpResponse):
+        return opened
+    if isinstance(request, ASGIRequest):
+        content: Any = astream(opened)
+    else:
+        content = stream(opened)
+    response = StreamingHttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each message on at once
+    return response
