@@ -165,6 +165,10 @@ def listen_params(alias: str) -> dict[str, Any] | None:
     connection = connections[alias]
     if not settings.SSE_LISTEN or connection.vendor != "postgresql":
         return None
+    if connection.in_atomic_block:
+        # Opened inside a transaction (a test case, a custom wrapper): a
+        # connection of its own would not see what that transaction wrote.
+        return None
     try:
         import psycopg
     except ImportError:  # psycopg2: no notifies() with a timeout
@@ -173,6 +177,8 @@ def listen_params(alias: str) -> dict[str, Any] | None:
         return None
     params = dict(connection.get_connection_params())
     params.pop("cursor_factory", None)  # Django's is a sync cursor
+    # Streams are recognisable in pg_stat_activity.
+    params.setdefault("application_name", "kumiflow-sse")
     return params
 
 
