@@ -77,7 +77,8 @@ class KumiflowSettings:
     SSE_POLL_INTERVAL: float = 1.0
     #: Whether live run streams on PostgreSQL LISTEN for changes of their run
     #: (one connection per stream). Turn it off behind a transaction-pooling
-    #: PgBouncer, which cannot LISTEN: streams then poll.
+    #: PgBouncer, which cannot LISTEN: streams then poll, and changed runs are
+    #: not announced (one round trip less per transaction that changed a run).
     SSE_LISTEN: bool = True
 
     def __getattribute__(self, name: str) -> Any:

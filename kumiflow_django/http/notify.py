@@ -5,7 +5,8 @@ PostgreSQL it sends ``pg_notify('kumiflow_runs', <run id>)`` after the
 transaction commits, once per run and transaction, however many events the
 transaction appended to it: a segment writes several events in one
 transaction, and a stream needs one wake-up to read them all. Elsewhere it
-does nothing (streams poll there).
+does nothing (streams poll there), and so it does with
+``KUMIFLOW_SSE_LISTEN = False``: no stream listens then.
 
 The notification is sent after the commit, not inside the transaction:
 PostgreSQL serialises the commits of all transactions that notified, so a
@@ -18,6 +19,8 @@ import logging
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from kumiflow_django.conf import settings
 
 logger = logging.getLogger("kumiflow_django.http")
 
@@ -53,8 +56,8 @@ class _Pending:
 def notify_run_changed(run_id: str, using: str = DEFAULT_DB_ALIAS) -> None:
     """Tell the live streams of ``run_id`` that it changed, once the transaction commits."""
     connection = connections[using]
-    if connection.vendor != "postgresql":
-        return
+    if connection.vendor != "postgresql" or not settings.SSE_LISTEN:
+        return  # nobody listens: streams poll
     if not connection.in_atomic_block:
         pending = _Pending([], using)
         pending.run_ids[run_id] = None

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -306,7 +306,7 @@ class _Clock:
         return time.monotonic() >= self.next_beat
 
 
-async def astream(spec: StreamSpec) -> AsyncIterator[bytes]:
+async def astream(spec: StreamSpec) -> AsyncGenerator[bytes]:
     """The stream's frames under ASGI."""
     stream, clock = RunStream(spec.after), _Clock()
     listener = AsyncListener(spec) if spec.listen is not None else None
@@ -356,7 +356,7 @@ async def astream(spec: StreamSpec) -> AsyncIterator[bytes]:
             await listener.aclose()
 
 
-def stream(spec: StreamSpec) -> Iterator[bytes]:
+def stream(spec: StreamSpec) -> Generator[bytes]:
     """The stream's frames under WSGI."""
     run_stream, clock = RunStream(spec.after), _Clock()
     listener = Listener(spec) if spec.listen is not None else None

@@ -46,8 +46,8 @@ class TokenClient(Client):
 
 @pytest.fixture
 def token_client(db):
-    """``token_client(*perms, tenant=...)``: a client with a fresh token (all permissions by default)."""
-    made = []
+    """``token_client(*perms, tenant=...)``: a client with a new token (default: all perms)."""
+    made: list[str] = []
 
     def make(*perms: str, tenant: str | None = None) -> TokenClient:
         _, secret = create_token(

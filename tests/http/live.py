@@ -127,7 +127,7 @@ class EventStream:
 
     def until(self, stop: Any) -> list[dict[str, str]]:
         """Messages (without comments) up to and including the first for which ``stop`` is true."""
-        got = []
+        got: list[dict[str, str]] = []
         while True:
             message = self.next()
             assert message is not None, f"the stream ended before the expected message: {got}"

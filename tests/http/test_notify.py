@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 
 from kumiflow_django import start_workflow
 from kumiflow_django.http import sse
@@ -29,7 +30,7 @@ def received(listener) -> list[str]:
     (notifications arrive in commit order), so nothing is waited for by the clock."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
-    got = []
+    got: list[str] = []
     for note in listener.notifies(timeout=10):
         if note.payload == "marker":
             return got
@@ -87,3 +88,12 @@ def test_other_databases_register_nothing(db, django_capture_on_commit_callbacks
         notify_run_changed("run-a")
         notify_run_changed("run-a")
     assert len(callbacks) == (1 if connection.vendor == "postgresql" else 0)
+
+
+def test_without_listening_streams_nothing_is_announced(db, django_capture_on_commit_callbacks):
+    with (
+        override_settings(KUMIFLOW_SSE_LISTEN=False),
+        django_capture_on_commit_callbacks() as callbacks,
+    ):
+        notify_run_changed("run-a")
+    assert callbacks == []

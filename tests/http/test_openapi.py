@@ -120,3 +120,23 @@ def test_every_answer_matches_the_document(document, token_client, registry):
     assert statuses == {200, 201, 204, 400, 401, 403, 404, 409}
     operations = {(m, p) for m, p, _ in check.seen}
     assert operations == {(e.method, e.path) for e in openapi.ENDPOINTS}, "every operation"
+
+
+def test_the_example_answers_of_the_docs_match_the_document(document):
+    """docs/http-api.md marks its example answers with the operation and status they show."""
+    import json
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "http-api.md").read_text()
+    examples = re.findall(r"<!-- response: (\w+) (\d+) -->\n```text\n(.*?)```", page, re.S)
+    assert len(examples) >= 4
+    operations = {e.operation_id: e for e in openapi.ENDPOINTS}
+    for operation_id, status, body in examples:
+        endpoint = operations[operation_id]
+        answer = document["paths"][endpoint.path][endpoint.method]["responses"][status]
+        schema = {
+            **answer["content"]["application/json"]["schema"],
+            "components": document["components"],
+        }
+        OAS31Validator(schema, format_checker=oas31_format_checker).validate(json.loads(body))

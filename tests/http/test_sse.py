@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -18,6 +19,7 @@ from django.test import AsyncClient, override_settings
 from kumiflow_django import append_event, start_workflow
 from kumiflow_django.http import sse
 from kumiflow_django.http.sse import HEARTBEAT, OPENED, RunStream, Snapshot, StreamSpec
+from kumiflow_django.models import RunStatus
 from tests.http.conftest import API
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +44,7 @@ def finished_run(approval):
     append_event("o-1", "order.approved", {"order": "o-1", "by": "ann"})
     append_event("o-1", "order.shipped", {"order": "o-1"})
     run.refresh_from_db()
-    assert run.status == "completed" and run.version == 6
+    assert (run.status, run.version) == (RunStatus.COMPLETED, 6)
     return run
 
 
@@ -100,7 +102,7 @@ def test_under_asgi_the_stream_is_an_async_iterator(token_client, approval):
 
     async def follow():
         # Headers per request: AsyncClient(headers=...) loses them on Django 6.1.3.
-        response = await AsyncClient().get(
+        response: Any = await AsyncClient().get(
             f"{API}runs/{run.id}/events/", headers={"Authorization": f"Bearer {secret}"}
         )
         assert response.is_async
@@ -135,7 +137,7 @@ def test_frames_are_sent_once_and_the_end_only_when_caught_up():
     assert [f.split(b"\n")[0] for f in stream.frames(snapshot)] == [b"id: 2"]
     assert not stream.done, "version 3 is not sent yet"
     assert stream.frames(Snapshot("completed", 3, [row(2), row(3)]))[-1].startswith(b"event: end")
-    assert stream.done and stream.last == 3
+    assert (stream.done, stream.last) == (True, 3)
     assert RunStream(after=0).frames(Snapshot("running", 0, [])) == []
     gone = RunStream(after=5)
     assert gone.frames(Snapshot(None, 0, [])) == [
@@ -221,7 +223,7 @@ def test_a_listening_asgi_stream_is_woken_and_its_connection_closed_with_it(appr
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
             )
-            return cursor.fetchone()[0]
+            return int(cursor.fetchone()[0])
 
     async def follow():
         spec = StreamSpec(str(run.id), run.tenant_id, 0, "default", sse.listen_params("default"))

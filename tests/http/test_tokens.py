@@ -1,4 +1,4 @@
-"""API tokens: created by a command that shows them once, stored as a hash, read-only in the admin."""
+"""API tokens: created by a command that shows them once, stored as a hash, read-only in admin."""
 
 from __future__ import annotations
 
