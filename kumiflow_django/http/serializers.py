@@ -100,8 +100,7 @@ def event_json(row: tuple[Any, ...]) -> dict[str, Any]:
             values[name] = json.loads(values[name])
     values["event_id"] = str(values["event_id"])
     values["created_at"] = timestamp(values["created_at"])
-    values["tenant"] = values.pop("tenant_id")
-    return values
+    return {("tenant" if name == "tenant_id" else name): v for name, v in values.items()}
 
 
 def encode_cursor(run: WorkflowRun) -> str:

@@ -306,7 +306,7 @@ class _Clock:
         return time.monotonic() >= self.next_beat
 
 
-async def astream(spec: StreamSpec) -> AsyncGenerator[bytes]:
+async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
     """The stream's frames under ASGI."""
     stream, clock = RunStream(spec.after), _Clock()
     listener = AsyncListener(spec) if spec.listen is not None else None
@@ -356,7 +356,7 @@ async def astream(spec: StreamSpec) -> AsyncGenerator[bytes]:
             await listener.aclose()
 
 
-def stream(spec: StreamSpec) -> Generator[bytes]:
+def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
     """The stream's frames under WSGI."""
     run_stream, clock = RunStream(spec.after), _Clock()
     listener = Listener(spec) if spec.listen is not None else None
