@@ -87,11 +87,13 @@ def end_frame(status: str | None, version: int) -> bytes:
 
 
 class RunStream:
-    """What one client has been sent, and what to send it after a read."""
+    """What one client has been sent, what to send it after a read, and how long
+    to wait for the next one (a heartbeat is due after a quiet spell)."""
 
     def __init__(self, after: int) -> None:
         self.last = after
         self.done = False
+        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
 
     def frames(self, snapshot: Snapshot) -> list[bytes]:
         """The frames of the events the client has not had, and the end once the
@@ -110,12 +112,24 @@ class RunStream:
         if caught_up and (snapshot.status is None or snapshot.status in FINISHED):
             out.append(end_frame(snapshot.status, snapshot.version))
             self.done = True
+        if out:
+            self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
         return out
 
-    @staticmethod
-    def behind(snapshot: Snapshot) -> bool:
-        """Whether the read was cut at BATCH events: read again before waiting."""
-        return len(snapshot.events) >= BATCH
+    def wait_time(self, snapshot: Snapshot) -> float:
+        """Seconds to wait before the next read: none if the read was cut at BATCH
+        events, at most the poll interval, and no later than the next heartbeat."""
+        if len(snapshot.events) >= BATCH:
+            return 0.0
+        until_beat = self.next_beat - time.monotonic()
+        return max(0.0, min(settings.SSE_POLL_INTERVAL, until_beat))
+
+    def idle(self) -> list[bytes]:
+        """A keep-alive comment if the stream has been quiet for a heartbeat."""
+        if time.monotonic() < self.next_beat:
+            return []
+        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
+        return [HEARTBEAT]
 
 
 def read(run_id: str, tenant: str, after: int) -> Snapshot:
@@ -216,7 +230,11 @@ def release_django_connection(alias: str) -> None:
 
 
 class Listener:
-    """A stream's own PostgreSQL connection (sync): LISTEN, wait, read."""
+    """A stream's own PostgreSQL connection (sync): LISTEN, wait, read.
+
+    A broken connection surfaces in :meth:`read`; the stream then reopens it
+    (LISTEN again) and reads again, so nothing that changed meanwhile is missed.
+    """
 
     def __init__(self, spec: StreamSpec) -> None:
         assert spec.listen is not None
@@ -230,6 +248,12 @@ class Listener:
         self.conn = psycopg.Connection.connect(autocommit=True, **self.spec.listen or {})
         self.conn.execute(f"LISTEN {CHANNEL}")
 
+    def reopen(self) -> None:
+        logger.warning("run %s: the stream's connection broke; reopening it", self.spec.run_id)
+        self.close()
+        time.sleep(settings.SSE_POLL_INTERVAL)
+        self.open()
+
     def read(self, after: int) -> Snapshot:
         run_id, tenant = self.spec.run_id, self.spec.tenant
         with self.conn.cursor() as cursor:
@@ -238,17 +262,22 @@ class Listener:
         return Snapshot(row[0] if row else None, row[1] if row else 0, events)
 
     def wait(self, timeout: float) -> None:
-        """Until the run is announced or ``timeout`` seconds have passed."""
+        """Until the run is announced or ``timeout`` seconds have passed (or the
+        connection broke: the next read finds out)."""
         deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            notes = list(self.conn.notifies(timeout=remaining, stop_after=1))
-            if any(n.payload == self.spec.run_id for n in notes):
-                return
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                notes = list(self.conn.notifies(timeout=remaining, stop_after=1))
+                if any(n.payload == self.spec.run_id for n in notes):
+                    return
+        except Exception as exc:
+            if not _connection_lost(exc):
+                raise
 
     def close(self) -> None:
         if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+            conn, self.conn = self.conn, None
+            conn.close()
 
 
 class AsyncListener(Listener):
@@ -259,6 +288,12 @@ class AsyncListener(Listener):
 
         self.conn = await psycopg.AsyncConnection.connect(autocommit=True, **self.spec.listen or {})
         await self.conn.execute(f"LISTEN {CHANNEL}")
+
+    async def areopen(self) -> None:
+        logger.warning("run %s: the stream's connection broke; reopening it", self.spec.run_id)
+        await self.aclose()
+        await asyncio.sleep(settings.SSE_POLL_INTERVAL)
+        await self.aopen()
 
     async def aread(self, after: int) -> Snapshot:
         run_id, tenant = self.spec.run_id, self.spec.tenant
@@ -271,10 +306,14 @@ class AsyncListener(Listener):
 
     async def await_(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            notes = [n async for n in self.conn.notifies(timeout=remaining, stop_after=1)]
-            if any(n.payload == self.spec.run_id for n in notes):
-                return
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                notes = [n async for n in self.conn.notifies(timeout=remaining, stop_after=1)]
+                if any(n.payload == self.spec.run_id for n in notes):
+                    return
+        except Exception as exc:
+            if not _connection_lost(exc):
+                raise
 
     async def aclose(self) -> None:
         if self.conn is not None:
@@ -290,25 +329,9 @@ def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError)
 
 
-class _Clock:
-    """When the next heartbeat is due; any frame sent counts as one."""
-
-    def __init__(self) -> None:
-        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
-
-    def sent(self) -> None:
-        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
-
-    def timeout(self) -> float:
-        return max(0.0, min(settings.SSE_POLL_INTERVAL, self.next_beat - time.monotonic()))
-
-    def beat_due(self) -> bool:
-        return time.monotonic() >= self.next_beat
-
-
 async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
     """The stream's frames under ASGI."""
-    stream, clock = RunStream(spec.after), _Clock()
+    run = RunStream(spec.after)
     listener = AsyncListener(spec) if spec.listen is not None else None
     try:
         if listener is not None:
@@ -316,49 +339,35 @@ async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
             await listener.aopen()
         yield OPENED
         while True:
-            try:
-                if listener is not None:
-                    snapshot = await listener.aread(stream.last)
-                else:
-                    snapshot = await sync_to_async(read)(spec.run_id, spec.tenant, stream.last)
-            except Exception as exc:
-                if listener is None or not _connection_lost(exc):
-                    raise
-                logger.warning("run %s: the stream's connection broke; reconnecting", spec.run_id)
-                await listener.aclose()
-                await asyncio.sleep(settings.SSE_POLL_INTERVAL)
-                await listener.aopen()
-                continue
-            frames = stream.frames(snapshot)
-            for chunk in frames:
-                yield chunk
-            if stream.done:
-                return
-            if frames:
-                clock.sent()
-            if RunStream.behind(snapshot):
-                continue
-            timeout = clock.timeout()
-            if listener is not None:
+            if listener is None:
+                snapshot = await sync_to_async(read)(spec.run_id, spec.tenant, run.last)
+            else:
                 try:
-                    await listener.await_(timeout)
+                    snapshot = await listener.aread(run.last)
                 except Exception as exc:
                     if not _connection_lost(exc):
                         raise
-                    # The next read fails too, and reconnects.
-            else:
-                await asyncio.sleep(timeout)
-            if clock.beat_due():
-                yield HEARTBEAT
-                clock.sent()
+                    await listener.areopen()
+                    continue
+            for chunk in run.frames(snapshot):
+                yield chunk
+            if run.done:
+                return
+            if (timeout := run.wait_time(snapshot)) > 0:
+                if listener is None:
+                    await asyncio.sleep(timeout)
+                else:
+                    await listener.await_(timeout)
+            for chunk in run.idle():
+                yield chunk
     finally:
         if listener is not None:
             await listener.aclose()
 
 
 def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
-    """The stream's frames under WSGI."""
-    run_stream, clock = RunStream(spec.after), _Clock()
+    """The stream's frames under WSGI: :func:`astream`, without ``await``."""
+    run = RunStream(spec.after)
     listener = Listener(spec) if spec.listen is not None else None
     try:
         if listener is not None:
@@ -366,39 +375,25 @@ def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
             listener.open()
         yield OPENED
         while True:
-            try:
-                if listener is not None:
-                    snapshot = listener.read(run_stream.last)
-                else:
-                    snapshot = read(spec.run_id, spec.tenant, run_stream.last)
-            except Exception as exc:
-                if listener is None or not _connection_lost(exc):
-                    raise
-                logger.warning("run %s: the stream's connection broke; reconnecting", spec.run_id)
-                listener.close()
-                time.sleep(settings.SSE_POLL_INTERVAL)
-                listener.open()
-                continue
-            frames = run_stream.frames(snapshot)
-            yield from frames
-            if run_stream.done:
-                return
-            if frames:
-                clock.sent()
-            if RunStream.behind(snapshot):
-                continue
-            timeout = clock.timeout()
-            if listener is not None:
+            if listener is None:
+                snapshot = read(spec.run_id, spec.tenant, run.last)
+            else:
                 try:
-                    listener.wait(timeout)
+                    snapshot = listener.read(run.last)
                 except Exception as exc:
                     if not _connection_lost(exc):
                         raise
-            else:
-                time.sleep(timeout)
-            if clock.beat_due():
-                yield HEARTBEAT
-                clock.sent()
+                    listener.reopen()
+                    continue
+            yield from run.frames(snapshot)
+            if run.done:
+                return
+            if (timeout := run.wait_time(snapshot)) > 0:
+                if listener is None:
+                    time.sleep(timeout)
+                else:
+                    listener.wait(timeout)
+            yield from run.idle()
     finally:
         if listener is not None:
             listener.close()

@@ -246,3 +246,34 @@ def test_a_listening_asgi_stream_is_woken_and_its_connection_closed_with_it(appr
     assert [f.split(b"\n")[0] for f in got[1:]] == [b"id: 1", b"id: 2", b"id: 3"]
     assert waited < 10
     assert (before, listening, sse_backends()) == (0, 1, 0)
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_whose_connection_breaks_reopens_it_and_misses_nothing(approval, caplog):
+    run = start_workflow("approval", payload={"order": "o-1"})
+
+    def sse_pids() -> list[int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    with override_settings(KUMIFLOW_SSE_POLL_INTERVAL=0.05, KUMIFLOW_SSE_HEARTBEAT=60):
+        spec = StreamSpec(str(run.id), run.tenant_id, 0, "default", sse.listen_params("default"))
+        frames = sse.stream(spec)
+        assert [next(frames).split(b"\n")[0] for _ in range(3)] == [
+            b": connected",
+            b"id: 1",
+            b"id: 2",
+        ]
+        [broken] = sse_pids()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [broken])
+        approve_in_a_thread("o-1").join()  # committed while the stream has no connection
+        assert [next(frames).split(b"\n")[0] for _ in range(2)] == [b"id: 3", b"id: 4"]
+        [reopened] = sse_pids()
+        frames.close()
+    assert reopened != broken and sse_pids() == []
+    assert "connection broke; reopening it" in caplog.text
