@@ -61,6 +61,14 @@ _EXPORTS: dict[str, str] = {
     "handler": "kumiflow_django.steps.call",
     "register_step_kind": "kumiflow_django.definition.step",
     "StepKind": "kumiflow_django.definition.step",
+    # async entry points (and reading a run)
+    "astart_workflow": "kumiflow_django.engine.aio",
+    "aappend_event": "kumiflow_django.engine.aio",
+    "aget_run": "kumiflow_django.engine.aio",
+    "acancel_run": "kumiflow_django.engine.aio",
+    "aretry_run": "kumiflow_django.engine.aio",
+    "awake_run": "kumiflow_django.engine.aio",
+    "get_run": "kumiflow_django.engine.aio",
     # event store
     "NewEvent": "kumiflow_django.store.log",
     "append_event": "kumiflow_django.store.log",
@@ -102,6 +110,13 @@ __all__ = [
     "handler",
     "register_step_kind",
     "StepKind",
+    "astart_workflow",
+    "aappend_event",
+    "aget_run",
+    "acancel_run",
+    "aretry_run",
+    "awake_run",
+    "get_run",
     "NewEvent",
     "append_event",
     "append_events",
@@ -204,6 +219,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiflow_django.definition.step import StepKind, register_step_kind
     from kumiflow_django.definition.triggers import manual, on_cron, on_event
     from kumiflow_django.definition.workflow import Workflow, define_workflow
+    from kumiflow_django.engine.aio import (
+        aappend_event,
+        acancel_run,
+        aget_run,
+        aretry_run,
+        astart_workflow,
+        awake_run,
+        get_run,
+    )
     from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
     from kumiflow_django.engine.starting import start_workflow
     from kumiflow_django.outbox.actions import cancel_dispatch, redeliver

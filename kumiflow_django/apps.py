@@ -22,6 +22,7 @@ class KumiflowConfig(AppConfig):
 
         from kumiflow_django import checks, steps  # noqa: F401  (register checks, step kinds)
         from kumiflow_django.engine.receivers import on_event_appended
+        from kumiflow_django.http import ready as http_ready  # noqa: F401  (tokens, notify)
         from kumiflow_django.signals import event_appended
         from kumiflow_django.store.immutability import register_sqlite_function
 

@@ -61,6 +61,20 @@ def _optional_str(v: Any) -> bool:
     return v is None or (isinstance(v, str) and bool(v))
 
 
+def _optional_callable_path(v: Any) -> bool:
+    """None, or a dotted path that imports to something callable."""
+    if v is None:
+        return True
+    if not isinstance(v, str):
+        return False
+    from django.utils.module_loading import import_string
+
+    try:
+        return callable(import_string(v))
+    except ImportError:
+        return False
+
+
 # setting name -> (id, validator, what it must be)
 _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "DEFAULT_TENANT": ("kumiflow.E001", _tenant, "a non-empty string of at most 64 characters"),
@@ -88,6 +102,20 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, str) and v in django_settings.DATABASES,
         "an alias of DATABASES",
     ),
+    "API_USER_TENANTS": (
+        "kumiflow.E021",
+        _optional_callable_path,
+        "None or the dotted path of a function (user) -> tenant(s)",
+    ),
+    "API_PAGE_SIZE": ("kumiflow.E022", _positive_int, "a positive integer"),
+    "API_MAX_PAGE_SIZE": ("kumiflow.E023", _positive_int, "a positive integer"),
+    "SSE_HEARTBEAT": ("kumiflow.E024", _positive_number, "a positive number of seconds"),
+    "SSE_POLL_INTERVAL": ("kumiflow.E025", _positive_number, "a positive number of seconds"),
+    "SSE_LISTEN": (
+        "kumiflow.E026",
+        lambda v: v is None or isinstance(v, bool),
+        "None, True or False",
+    ),
 }
 
 
@@ -104,6 +132,16 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                     obj=f"{PREFIX}{name}",
                 )
             )
+    page, most = settings.API_PAGE_SIZE, settings.API_MAX_PAGE_SIZE
+    if _positive_int(page) and _positive_int(most) and page > most:
+        errors.append(
+            checks.Error(
+                f"{PREFIX}API_PAGE_SIZE ({page}) is larger than "
+                f"{PREFIX}API_MAX_PAGE_SIZE ({most}).",
+                id="kumiflow.E027",
+                obj=f"{PREFIX}API_PAGE_SIZE",
+            )
+        )
     alias = settings.TASKS_BACKEND
     if isinstance(alias, str) and alias:
         errors.extend(_check_tasks_backend(alias))

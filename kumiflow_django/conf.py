@@ -61,6 +61,28 @@ class KumiflowSettings:
     #: JSON; a step whose result makes it larger fails the run. Every supported
     #: database stores a row of this size with its default configuration.
     MAX_STATE_BYTES: int = 4_194_304
+    #: Whom a signed-in user of the HTTP API acts for: None, the default tenant;
+    #: or the dotted path of a function ``(user) -> tenant or list of tenants``
+    #: (the first one is where the user's starts and appends go when the
+    #: request names none; an empty list lets the user see no tenant at all).
+    API_USER_TENANTS: str | None = None
+    #: Runs per page of the HTTP API's run list when a request names no limit.
+    API_PAGE_SIZE: int = 50
+    #: The largest page of the run list a request may ask for.
+    API_MAX_PAGE_SIZE: int = 500
+    #: Seconds between two keep-alive comments of a live run stream (SSE), so
+    #: that proxies do not close an idle stream; also how soon a WSGI server
+    #: notices a client that has gone.
+    SSE_HEARTBEAT: float = 15.0
+    #: Seconds between two reads of a live run stream when nothing wakes it: the
+    #: only trigger on SQLite and MariaDB, a safety net under PostgreSQL's LISTEN.
+    SSE_POLL_INTERVAL: float = 1.0
+    #: Whether live run streams on PostgreSQL LISTEN for changes of their run
+    #: (one connection per stream), and every transaction that changed a run
+    #: announces it with NOTIFY (one round trip after its commit). None: only
+    #: where the API's live streams are mounted (its URLs are in ROOT_URLCONF).
+    #: False behind a transaction-pooling PgBouncer, which cannot LISTEN.
+    SSE_LISTEN: bool | None = None
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():

@@ -127,6 +127,9 @@ KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS = env.list(
     "KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS", default=[]
 )
 KUMIFLOW_LEASE_SECONDS = env.float("KUMIFLOW_LEASE_SECONDS", default=60.0)
+# The live-stream tests start servers that poll fast, or (to prove LISTEN) never.
+KUMIFLOW_SSE_POLL_INTERVAL = env.float("KUMIFLOW_SSE_POLL_INTERVAL", default=1.0)
+KUMIFLOW_SSE_HEARTBEAT = env.float("KUMIFLOW_SSE_HEARTBEAT", default=15.0)
 SHOP_CRON_EVERY_SECOND = env.bool("SHOP_CRON_EVERY_SECOND", default=False)
 SHOP_BROKEN_CRON = env.bool("SHOP_BROKEN_CRON", default=False)
 SHOP_POISON = env.bool("SHOP_POISON", default=False)

@@ -5,9 +5,18 @@ Each model lives in the room of its concept: the event log in
 :mod:`kumiflow_django.projections`.
 """
 
+from kumiflow_django.http.models import ApiToken
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.store.models import Event
 
-__all__ = ["CronSchedule", "Dispatch", "DispatchStatus", "Event", "RunStatus", "WorkflowRun"]
+__all__ = [
+    "ApiToken",
+    "CronSchedule",
+    "Dispatch",
+    "DispatchStatus",
+    "Event",
+    "RunStatus",
+    "WorkflowRun",
+]

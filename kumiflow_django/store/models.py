@@ -26,8 +26,9 @@ class EngineManager[M: models.Model](models.Manager[M]):
 
     def get_queryset(self) -> models.QuerySet[M, M]:
         # What Manager.get_queryset() does, with the database chosen here (no clone).
-        return self._queryset_class(  # type: ignore[no-any-return]
-            model=self.model, using=self._db or alias(), hints=self._hints
+        hints = self._hints  # type: ignore[attr-defined]
+        return self._queryset_class(  # type: ignore[attr-defined,no-any-return]
+            model=self.model, using=self._db or alias(), hints=hints
         )
 
 

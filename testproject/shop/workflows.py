@@ -124,6 +124,27 @@ poison_pill = define_workflow(
     steps=[s.wait("PT1H"), s.return_("never")],
 )
 
+
+def _order(ctx):
+    return ctx.event.payload["order"]
+
+
+# Used by the HTTP tests: started through the API, driven by the test's events
+# (an approval, then a shipment), followed through its live stream.
+http_approval = define_workflow(
+    "http-approval",
+    steps=[
+        s.compute("order", _order),
+        s.wait_for_event(
+            "approval.granted", match={"payload.order": _order}, timeout="P1D", name="granted"
+        ),
+        s.wait_for_event(
+            "approval.shipped", match={"payload.order": _order}, timeout="P1D", name="shipped"
+        ),
+        s.return_(lambda ctx: {"order": _order(ctx), "by": ctx.steps["granted"]["payload"]["by"]}),
+    ],
+)
+
 if settings.SHOP_POISON:
 
     def _refused_by_the_database(event):

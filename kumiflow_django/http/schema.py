@@ -1,0 +1,349 @@
+"""The JSON schemas of the API's bodies, and the small validator that enforces them.
+
+These dictionaries are the one description of what the API accepts and
+answers: the OpenAPI document embeds them, and every request body and
+query is checked against them before anything runs. The validator knows
+the part of JSON Schema used here (types, required, properties,
+additionalProperties, lengths, ranges, enums, patterns, items), which keeps
+the core free of a jsonschema dependency.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kumiflow_django.http.errors import ApiError, bad_request
+from kumiflow_django.models import RunStatus
+
+# No C0/C1 control characters: the engine refuses them in names and keys, and
+# saying so here names the field.
+_PLAIN = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+
+
+def _text(max_length: int, description: str, *, pattern: str = _PLAIN) -> dict[str, Any]:
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": max_length,
+        "pattern": pattern,
+        "description": description,
+    }
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "type": [schema["type"], "null"]}
+
+
+TIMESTAMP = {"type": "string", "format": "date-time"}
+STATUSES = [s.value for s in RunStatus]
+TENANT = _text(64, "The tenant; only one the caller may see. Default: the caller's own.")
+
+ERROR: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "field"],
+            "properties": {
+                "code": {
+                    "type": "string",
+                    "enum": [
+                        "bad_request",
+                        "unauthenticated",
+                        "forbidden",
+                        "not_found",
+                        "method_not_allowed",
+                        "conflict",
+                    ],
+                },
+                "message": {"type": "string"},
+                "field": {
+                    "type": ["string", "null"],
+                    "description": "The body field, query parameter or header that is wrong.",
+                },
+            },
+        }
+    },
+}
+
+_RUN_SUMMARY_PROPERTIES: dict[str, Any] = {
+    "id": {"type": "string", "format": "uuid"},
+    "tenant": {"type": "string"},
+    "workflow": {"type": "string"},
+    "workflow_version": {"type": ["string", "null"]},
+    "status": {"type": "string", "enum": STATUSES},
+    "position": {
+        "type": ["string", "null"],
+        "description": "The path of the step the run is suspended (or failed) at, "
+        'such as "2" or "3.then.0"; null when it is at none.',
+    },
+    "idempotency_key": {"type": ["string", "null"]},
+    "stream_version": {
+        "type": "integer",
+        "description": "The version of the run's last event (the id of the last "
+        "message of its live stream).",
+    },
+    "started_at": TIMESTAMP,
+    "updated_at": TIMESTAMP,
+    "finished_at": {"type": ["string", "null"], "format": "date-time"},
+}
+
+RUN_SUMMARY: dict[str, Any] = {
+    "type": "object",
+    "required": list(_RUN_SUMMARY_PROPERTIES),
+    "properties": _RUN_SUMMARY_PROPERTIES,
+}
+
+_RUN_PROPERTIES: dict[str, Any] = {
+    **_RUN_SUMMARY_PROPERTIES,
+    "cursor": {
+        "type": ["array", "null"],
+        "description": "The position as the engine keeps it: step indexes and branch names.",
+    },
+    "attempt": {"type": "integer", "minimum": 1},
+    "wake_at": {
+        "type": ["string", "null"],
+        "format": "date-time",
+        "description": "When a waiting run continues (a timer, a timeout, a retry).",
+    },
+    "awaiting": {
+        "type": ["object", "null"],
+        "description": "The event type a run in waiting_event waits for.",
+        "required": ["event_type"],
+        "properties": {"event_type": {"type": "string"}},
+    },
+    "input": {"description": "The payload the run was started with (manual starts)."},
+    "result": {"description": "What the run returned, once completed."},
+    "steps": {
+        "type": "object",
+        "required": ["results", "trail"],
+        "properties": {
+            "results": {
+                "type": "object",
+                "description": "The results of the named steps so far, by name.",
+            },
+            "trail": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The paths of the steps run so far, in order.",
+            },
+        },
+    },
+    "error": {
+        "type": ["object", "null"],
+        "description": "Why the run failed or was cancelled, or the last error of a "
+        "scheduled retry; null otherwise.",
+        "required": ["reason", "message"],
+        "properties": {
+            "reason": {
+                "type": ["string", "null"],
+                "description": "Machine-readable: step_failed, workflow_definition_changed, "
+                "cancelled, ...",
+            },
+            "message": {"type": "string"},
+        },
+    },
+}
+
+RUN: dict[str, Any] = {
+    "type": "object",
+    "required": list(_RUN_PROPERTIES),
+    "properties": _RUN_PROPERTIES,
+}
+
+RUN_PAGE: dict[str, Any] = {
+    "type": "object",
+    "required": ["runs", "next_cursor"],
+    "properties": {
+        "runs": {"type": "array", "items": {"$ref": "#/components/schemas/RunSummary"}},
+        "next_cursor": {
+            "type": ["string", "null"],
+            "description": "Pass it as `cursor` for the next (older) page; null on the last.",
+        },
+    },
+}
+
+_EVENT_PROPERTIES: dict[str, Any] = {
+    "position": {"type": "integer", "description": "The event's place in the whole log."},
+    "event_id": {"type": "string", "format": "uuid"},
+    "tenant": {"type": "string"},
+    "stream_type": {"type": "string"},
+    "stream_id": {"type": "string"},
+    "version": {"type": "integer", "minimum": 1},
+    "type": {"type": "string"},
+    "schema_version": {"type": "integer"},
+    "payload": {"type": "object"},
+    "metadata": {"type": "object"},
+    "created_at": TIMESTAMP,
+    "created_by": {"type": "string"},
+}
+
+EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": list(_EVENT_PROPERTIES),
+    "properties": _EVENT_PROPERTIES,
+}
+
+START_RUN: dict[str, Any] = {
+    "type": "object",
+    "required": ["workflow"],
+    "additionalProperties": False,
+    "properties": {
+        "workflow": _text(200, "The name of a registered workflow."),
+        "payload": {
+            "type": "object",
+            "description": "What the run's steps read as ctx.event.payload.",
+        },
+        "idempotency_key": _nullable(
+            _text(200, "A second start with the same key returns the first run.")
+        ),
+        "version": _nullable(
+            _text(50, "A registered version of the workflow; default: the current one.")
+        ),
+        "tenant": TENANT,
+    },
+}
+
+APPEND_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["stream_id", "type"],
+    "additionalProperties": False,
+    "properties": {
+        "stream_id": _text(100, "The stream (an order, a user, ...) the event belongs to."),
+        "type": _text(
+            200,
+            "The event's type. Types under kumiflow. are the engine's own.",
+            pattern="^(?!kumiflow\\.)[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+        ),
+        "payload": {"type": "object"},
+        "metadata": {"type": "object"},
+        "stream_type": {"type": "string", "maxLength": 100, "pattern": _PLAIN},
+        "expected_version": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "description": "The version the stream must be at (0: it must not exist); "
+            "otherwise 409.",
+        },
+        "schema_version": {"type": "integer", "minimum": 1, "maximum": 32767},
+        "tenant": TENANT,
+    },
+}
+
+_REASON = {
+    "type": "string",
+    "maxLength": 500,
+    "description": "Why; recorded on the run for a cancel, logged for the others.",
+}
+
+CANCEL_RUN: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"reason": _REASON},
+}
+WAKE_RUN = CANCEL_RUN
+RETRY_RUN: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "reason": _REASON,
+        "adopt_current_definition": {
+            "type": "boolean",
+            "description": "Move the run onto the workflow's current definition first.",
+        },
+    },
+}
+
+#: name -> schema, as they appear under components/schemas.
+COMPONENTS: dict[str, dict[str, Any]] = {
+    "Error": ERROR,
+    "RunSummary": RUN_SUMMARY,
+    "Run": RUN,
+    "RunPage": RUN_PAGE,
+    "Event": EVENT,
+    "StartRun": START_RUN,
+    "AppendEvent": APPEND_EVENT,
+    "CancelRun": CANCEL_RUN,
+    "RetryRun": RETRY_RUN,
+    "WakeRun": WAKE_RUN,
+}
+
+_TYPES: dict[str, Any] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def validate(value: Any, schema: dict[str, Any], field: str) -> None:
+    """Raise a 400 :class:`ApiError` naming ``field`` (or a field inside it) if
+    ``value`` does not match ``schema``."""
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else types
+        if not any(_TYPES[name](value) for name in names):
+            raise bad_request(field, f"must be {' or '.join(names)}, not {_json_type(value)}")
+    if value is None:
+        return
+    if "enum" in schema and value not in schema["enum"]:
+        raise bad_request(field, f"must be one of {', '.join(map(str, schema['enum']))}")
+    if isinstance(value, str):
+        _validate_string(value, schema, field)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise bad_request(field, f"must be at least {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise bad_request(field, f"must be at most {schema['maximum']}")
+    elif isinstance(value, dict):
+        _validate_object(value, schema, field)
+
+
+def _validate_string(value: str, schema: dict[str, Any], field: str) -> None:
+    if len(value) < schema.get("minLength", 0):
+        raise bad_request(field, "must not be empty")
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        raise bad_request(field, f"must be at most {schema['maxLength']} characters long")
+    pattern = schema.get("pattern")
+    if pattern is not None and not _compiled(pattern).search(value):
+        if pattern == _PLAIN:
+            raise bad_request(field, "must not contain control characters")
+        raise bad_request(field, f"must match {pattern}")
+
+
+def _validate_object(value: dict[str, Any], schema: dict[str, Any], field: str) -> None:
+    properties: dict[str, Any] = schema.get("properties", {})
+    prefix = f"{field}." if field else ""
+    for name in schema.get("required", ()):
+        if name not in value:
+            raise bad_request(prefix + name, "is required")
+    if schema.get("additionalProperties") is False:
+        for name in value:
+            if name not in properties:
+                raise bad_request(prefix + str(name), "is not a known field")
+    for name, sub in properties.items():
+        if name in value:
+            validate(value[name], sub, prefix + name)
+
+
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
+    # JSON Schema writes \uXXXX escapes; Python's re reads them alike.
+    if pattern not in _PATTERNS:
+        _PATTERNS[pattern] = re.compile(pattern)
+    return _PATTERNS[pattern]
+
+
+def _json_type(value: Any) -> str:
+    for name, check in _TYPES.items():
+        if check(value):
+            return name
+    return "a number" if isinstance(value, float) else type(value).__name__
+
+
+__all__ = ["COMPONENTS", "ApiError", "validate"]

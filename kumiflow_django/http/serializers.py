@@ -1,0 +1,121 @@
+"""Runs and events as the API's JSON, and the opaque cursor of the run list.
+
+The shapes are those of :mod:`kumiflow_django.http.schema`; a test checks
+every answer against the OpenAPI document built from it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from kumiflow_django.http.errors import bad_request
+from kumiflow_django.models import WorkflowRun
+
+#: The run list reads only these columns (the state and the trail can be large).
+SUMMARY_FIELDS = (
+    "id",
+    "tenant_id",
+    "workflow",
+    "workflow_version",
+    "status",
+    "cursor",
+    "idempotency_key",
+    "version",
+    "started_at",
+    "updated_at",
+    "finished_at",
+)
+
+#: The columns of an event in the API, in this order (also read raw by the live streams).
+EVENT_FIELDS = (
+    "position",
+    "event_id",
+    "tenant_id",
+    "stream_type",
+    "stream_id",
+    "version",
+    "type",
+    "schema_version",
+    "payload",
+    "metadata",
+    "created_at",
+    "created_by",
+)
+
+
+def timestamp(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC, whatever time zone the database connection used."""
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def position(cursor: Any) -> str | None:
+    return ".".join(str(p) for p in cursor) if cursor else None
+
+
+def run_summary(run: WorkflowRun) -> dict[str, Any]:
+    return {
+        "id": str(run.id),
+        "tenant": run.tenant_id,
+        "workflow": run.workflow,
+        "workflow_version": run.workflow_version or None,
+        "status": run.status,
+        "position": position(run.cursor),
+        "idempotency_key": run.idempotency_key,
+        "stream_version": run.version,
+        "started_at": timestamp(run.started_at),
+        "updated_at": timestamp(run.updated_at),
+        "finished_at": timestamp(run.finished_at),
+    }
+
+
+def run_detail(run: WorkflowRun) -> dict[str, Any]:
+    state = run.state if isinstance(run.state, dict) else {}
+    error = None
+    if run.reason or run.last_error:
+        error = {"reason": run.reason or None, "message": run.last_error}
+    return {
+        **run_summary(run),
+        "cursor": run.cursor,
+        "attempt": run.attempt,
+        "wake_at": timestamp(run.wake_at),
+        "awaiting": {"event_type": run.awaited_event_type} if run.awaited_event_type else None,
+        "input": run.input,
+        "result": run.result,
+        "steps": {"results": state.get("steps") or {}, "trail": list(run.trail or [])},
+        "error": error,
+    }
+
+
+def event_json(row: tuple[Any, ...]) -> dict[str, Any]:
+    """An event from its :data:`EVENT_FIELDS` columns, read by the ORM or raw from
+    PostgreSQL (where JSON arrives as text and ids as UUIDs)."""
+    values = dict(zip(EVENT_FIELDS, row, strict=True))
+    for name in ("payload", "metadata"):
+        if isinstance(values[name], str | bytes):
+            values[name] = json.loads(values[name])
+    values["event_id"] = str(values["event_id"])
+    values["created_at"] = timestamp(values["created_at"])
+    return {("tenant" if name == "tenant_id" else name): v for name, v in values.items()}
+
+
+def encode_cursor(run: WorkflowRun) -> str:
+    """An opaque mark after ``run`` in (started_at, id) order: new runs never move it."""
+    raw = json.dumps([run.started_at.astimezone(UTC).isoformat(), str(run.id)])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        started, run_id = json.loads(raw)
+        when = datetime.fromisoformat(started)
+        if when.tzinfo is None:
+            raise ValueError("naive")
+        return when, uuid.UUID(run_id)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+        raise bad_request("cursor", "is not a cursor this API gave out") from None

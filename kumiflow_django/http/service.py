@@ -1,0 +1,171 @@
+"""What each endpoint does, as plain functions of a caller and validated input.
+
+The views only authenticate, parse and render; everything that decides
+something is here and is tested without HTTP. Every function checks the
+caller's permission first, so a caller without it changes nothing, and
+reads runs only within the caller's tenants, so another tenant's run is
+"not found" rather than "forbidden".
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.db.models import Q
+
+from kumiflow_django import (
+    KumiflowError,
+    UnknownWorkflow,
+    append_event,
+    cancel_run,
+    retry_run,
+    start_workflow,
+    wake_run,
+)
+from kumiflow_django.conf import settings
+from kumiflow_django.http import serializers, tokens
+from kumiflow_django.http.auth import Principal
+from kumiflow_django.http.errors import ApiError, bad_request, from_kumiflow
+from kumiflow_django.models import WorkflowRun
+
+logger = logging.getLogger("kumiflow_django.http")
+
+
+def parse_run_id(run_id: str) -> uuid.UUID:
+    """A run id of the URL; a malformed one is a run that does not exist (404)."""
+    try:
+        return uuid.UUID(run_id)
+    except (ValueError, TypeError):
+        raise ApiError("not_found", "no such run") from None
+
+
+def find_run(principal: Principal, run_id: str) -> WorkflowRun:
+    """The run with this id in one of the caller's tenants, or a 404."""
+    run = WorkflowRun.objects.filter(
+        pk=parse_run_id(run_id), tenant_id__in=principal.tenants
+    ).first()
+    if run is None:
+        raise ApiError("not_found", "no such run")
+    return run
+
+
+def get_run(principal: Principal, run_id: str) -> dict[str, Any]:
+    principal.require(tokens.VIEW)
+    return serializers.run_detail(find_run(principal, run_id))
+
+
+def list_runs(
+    principal: Principal,
+    *,
+    workflow: str | None = None,
+    status: str | None = None,
+    tenant: str | None = None,
+    cursor: str | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """A page of runs, newest first, and the cursor of the next page.
+
+    Pages are cut on (started_at, id), not on offsets: a run started while
+    a client pages through the list appears at the top and never shifts or
+    repeats a row of the pages that follow.
+    """
+    principal.require(tokens.VIEW)
+    size = settings.API_PAGE_SIZE if limit is None else limit
+    if size > settings.API_MAX_PAGE_SIZE:
+        raise bad_request("limit", f"must be at most {settings.API_MAX_PAGE_SIZE}")
+    qs = WorkflowRun.objects.only(*serializers.SUMMARY_FIELDS)
+    if tenant is not None:
+        qs = qs.filter(tenant_id=principal.tenant(tenant))
+    else:
+        qs = qs.filter(tenant_id__in=principal.tenants)
+    if workflow is not None:
+        qs = qs.filter(workflow=workflow)
+    if status is not None:
+        qs = qs.filter(status=status)
+    if cursor is not None:
+        started, last_id = serializers.decode_cursor(cursor)
+        qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, id__lt=last_id))
+    rows = list(qs.order_by("-started_at", "-id")[: size + 1])
+    page = rows[:size]
+    more = len(rows) > size
+    return {
+        "runs": [serializers.run_summary(run) for run in page],
+        "next_cursor": serializers.encode_cursor(page[-1]) if more else None,
+    }
+
+
+def start_run(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    """Start a run (its first segment runs now, unless the workflow is deferred)."""
+    principal.require(tokens.START)
+    tenant = principal.tenant(body.get("tenant"))
+    try:
+        run = start_workflow(
+            body["workflow"],
+            payload=body.get("payload"),
+            tenant=tenant,
+            idempotency_key=body.get("idempotency_key"),
+            version=body.get("version"),
+        )
+    except UnknownWorkflow as exc:
+        raise from_kumiflow(exc, field="version" if body.get("version") else "workflow") from exc
+    except KumiflowError as exc:
+        # The name, the key and the version are checked by the schema; what the
+        # engine still refuses is the payload (its size, its values, a key from it).
+        raise from_kumiflow(exc, field="payload") from exc
+    logger.info("run %s of %s started by %s", run.id, run.workflow, principal.name)
+    return serializers.run_detail(run)
+
+
+def append(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+    """Append an event: how a service signals a run waiting for it, or starts workflows."""
+    principal.require(tokens.APPEND)
+    tenant = principal.tenant(body.get("tenant"))
+    try:
+        event = append_event(
+            body["stream_id"],
+            body["type"],
+            body.get("payload"),
+            stream_type=body.get("stream_type", ""),
+            tenant=tenant,
+            expected_version=body.get("expected_version"),
+            metadata=body.get("metadata"),
+            schema_version=body.get("schema_version", 1),
+            created_by=principal.name[:150],
+        )
+    except KumiflowError as exc:
+        raise from_kumiflow(exc) from exc
+    return serializers.event_json(tuple(getattr(event, f) for f in serializers.EVENT_FIELDS))
+
+
+def operate(
+    principal: Principal, run_id: str, operation: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Cancel, retry or wake a run of the caller's tenants, through the public functions.
+
+    The run is looked up in the caller's tenants first and the operation is
+    then scoped to the run's tenant, so a run id of another tenant is a 404
+    even for a caller with the permission.
+    """
+    perm = {"cancel": tokens.CANCEL, "retry": tokens.RETRY, "wake": tokens.WAKE}[operation]
+    principal.require(perm)
+    run = find_run(principal, run_id)
+    reason = body.get("reason", "")
+    try:
+        if operation == "cancel":
+            updated = cancel_run(run.id, reason=reason, tenant=run.tenant_id)
+        elif operation == "retry":
+            updated = retry_run(
+                run.id,
+                adopt_current_definition=body.get("adopt_current_definition", False),
+                tenant=run.tenant_id,
+            )
+        else:
+            updated = wake_run(run.id, tenant=run.tenant_id)
+    except KumiflowError as exc:
+        raise from_kumiflow(exc) from exc
+    logger.info(
+        "run %s: %s by %s (%s)", run.id, operation, principal.name, reason or "no reason given"
+    )
+    return serializers.run_detail(updated)

@@ -1,0 +1,137 @@
+"""The API's views: one generic wrapper around :mod:`kumiflow_django.http.service`.
+
+For every request the wrapper does the same, in this order: pick the
+endpoint by method (405 otherwise), authenticate (401), check the
+endpoint's permission (403, before the body is even read, so a caller
+without it learns nothing and changes nothing), parse and validate the
+body and the query against the endpoint's schemas (400 naming the field),
+call the handler, render JSON. Errors are rendered in one shape.
+
+The views are exempt from Django's CSRF middleware because a bearer token
+is not a cookie; session requests get the CSRF check in
+:func:`~kumiflow_django.http.auth.authenticate` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from kumiflow_django.http import openapi, schema, service
+from kumiflow_django.http.auth import Principal, authenticate
+from kumiflow_django.http.errors import ApiError, bad_request
+from kumiflow_django.http.openapi import Endpoint
+
+logger = logging.getLogger("kumiflow_django.http")
+
+
+@dataclass
+class Call:
+    """One validated request, as a handler sees it."""
+
+    request: HttpRequest
+    principal: Principal
+    body: dict[str, Any] = field(default_factory=dict)
+    query: dict[str, Any] = field(default_factory=dict)
+    path: dict[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[Call], tuple[int, dict[str, Any]]]
+
+HANDLERS: dict[str, Handler] = {
+    "listRuns": lambda c: (200, service.list_runs(c.principal, **c.query)),
+    "startRun": lambda c: (201, service.start_run(c.principal, c.body)),
+    "getRun": lambda c: (200, service.get_run(c.principal, c.path["run_id"])),
+    "cancelRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "cancel", c.body)),
+    "retryRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "retry", c.body)),
+    "wakeRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "wake", c.body)),
+    "appendEvent": lambda c: (201, service.append(c.principal, c.body)),
+}
+
+
+def read_body(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
+    """The JSON object of the body, checked against the endpoint's schema; an empty
+    body is an empty object."""
+    request_schema = endpoint.request_schema
+    if request_schema is None:
+        return {}
+    raw = request.body
+    if not raw.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise bad_request(None, f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request(None, "the body must be a JSON object")
+    schema.validate(data, request_schema, "")
+    return data
+
+
+def read_query(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
+    """The endpoint's query parameters that are present, converted and checked."""
+    values: dict[str, Any] = {}
+    for param in endpoint.params:
+        if param.where != "query" or param.name not in request.GET:
+            continue
+        values[param.name] = convert(request.GET[param.name], param.schema, param.name)
+    return values
+
+
+def convert(raw: str, param_schema: dict[str, Any], name: str) -> Any:
+    """A query or header value as its schema's type, validated."""
+    value: Any = raw
+    if param_schema.get("type") == "integer":
+        try:
+            value = int(raw)
+        except ValueError:
+            raise bad_request(name, "must be an integer") from None
+    schema.validate(value, param_schema, name)
+    return value
+
+
+def json_response(status: int, data: dict[str, Any]) -> JsonResponse:
+    return JsonResponse(data, status=status, json_dumps_params={"ensure_ascii": False})
+
+
+def method_not_allowed(methods: dict[str, Endpoint]) -> HttpResponse:
+    allowed = ", ".join(m.upper() for m in methods)
+    response = ApiError("method_not_allowed", f"use {allowed}").response()
+    response["Allow"] = allowed
+    return response
+
+
+def api_view(methods: dict[str, Endpoint]) -> Callable[..., HttpResponse]:
+    """The view serving ``methods`` (one path's endpoints)."""
+
+    @csrf_exempt
+    def view(request: HttpRequest, **path: str) -> HttpResponse:
+        endpoint = methods.get((request.method or "").lower())
+        if endpoint is None:
+            return method_not_allowed(methods)
+        try:
+            if endpoint.operation_id == "getOpenApi":
+                return json_response(200, openapi.document(request.path.rsplit("/", 1)[0]))
+            principal = authenticate(request)
+            assert endpoint.permission is not None
+            principal.require(endpoint.permission)
+            call = Call(
+                request,
+                principal,
+                body=read_body(request, endpoint),
+                query=read_query(request, endpoint),
+                path=path,
+            )
+            status, data = HANDLERS[endpoint.operation_id](call)
+        except ApiError as error:
+            return error.response()
+        return json_response(status, data)
+
+    return view

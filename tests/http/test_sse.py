@@ -1,0 +1,279 @@
+"""Live run streams, in process: the frames, resuming, the end, WSGI and ASGI iterators.
+
+The streams under a real ASGI server, with LISTEN on PostgreSQL, are in
+test_live.py; here the view and the iterators are driven directly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection, connections
+from django.test import AsyncClient, override_settings
+
+from kumiflow_django import append_event, start_workflow
+from kumiflow_django.http import sse
+from kumiflow_django.http.sse import HEARTBEAT, OPENED, RunStream, Snapshot, StreamSpec
+from kumiflow_django.models import RunStatus
+from tests.http.conftest import API
+
+pytestmark = pytest.mark.django_db
+
+
+def parse(raw: bytes) -> list[dict]:
+    """SSE messages as dicts of their fields; comments as {"comment": ...}."""
+    messages = []
+    for block in raw.decode().split("\n\n"):
+        if not block:
+            continue
+        message: dict = {}
+        for line in block.split("\n"):
+            name, _, value = line.partition(": ")
+            message[name or "comment"] = value
+        messages.append(message)
+    return messages
+
+
+def finished_run(approval):
+    run = start_workflow("approval", payload={"order": "o-1"})
+    append_event("o-1", "order.approved", {"order": "o-1", "by": "ann"})
+    append_event("o-1", "order.shipped", {"order": "o-1"})
+    run.refresh_from_db()
+    assert (run.status, run.version) == (RunStatus.COMPLETED, 6)
+    return run
+
+
+TYPES = [
+    "run-started",
+    "step.waiting-for-event",
+    "step.resumed",
+    "step.waiting-for-event",
+    "step.resumed",
+    "run-completed",
+]
+
+
+def test_a_finished_run_streams_its_events_then_the_end_then_closes(api, approval):
+    run = finished_run(approval)
+    response = api.get(f"{API}runs/{run.id}/events/")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache"
+    messages = parse(b"".join(response.streaming_content))  # ends by itself
+    assert messages[0] == {"comment": "connected"}
+    events, end = messages[1:-1], messages[-1]
+    assert [m["id"] for m in events] == ["1", "2", "3", "4", "5", "6"]
+    assert [m["event"].removeprefix("kumiflow.workflow.") for m in events] == TYPES
+    data = json.loads(events[-1]["data"])
+    assert (data["version"], data["stream_id"], data["payload"]["result"]) == (
+        6,
+        str(run.id),
+        {"order": "o-1", "by": "ann"},
+    )
+    assert end == {"event": "end", "data": '{"status":"completed","stream_version":6}'}
+
+
+def test_last_event_id_resumes_after_it_and_a_finished_stream_answers_204(api, approval):
+    run = finished_run(approval)
+    url = f"{API}runs/{run.id}/events/"
+    rest = parse(b"".join(api.get(url, HTTP_LAST_EVENT_ID="4").streaming_content))
+    assert [m.get("id") for m in rest[1:]] == ["5", "6", None]
+    by_query = parse(b"".join(api.get(url, {"last_event_id": 5}).streaming_content))
+    assert [m.get("id") for m in by_query[1:]] == ["6", None]
+    header_wins = api.get(url, {"last_event_id": 1}, HTTP_LAST_EVENT_ID="5")
+    assert [m.get("id") for m in parse(b"".join(header_wins.streaming_content))[1:]] == ["6", None]
+    assert api.get(url, HTTP_LAST_EVENT_ID="6").status_code == 204
+    for bad in ("x", "-1", "1.5"):
+        response = api.get(url, HTTP_LAST_EVENT_ID=bad)
+        assert response.status_code == 400
+        assert response.json()["error"]["field"] == "Last-Event-ID"
+
+
+def test_under_asgi_the_stream_is_an_async_iterator(token_client, approval):
+    from kumiflow_django.http.tokens import create_token
+
+    run = finished_run(approval)
+    _, secret = create_token("asgi", permissions=["view_workflowrun"])
+
+    async def follow():
+        # Headers per request: AsyncClient(headers=...) loses them on Django 6.1.3.
+        response: Any = await AsyncClient().get(
+            f"{API}runs/{run.id}/events/", headers={"Authorization": f"Bearer {secret}"}
+        )
+        assert response.is_async
+        return [chunk async for chunk in response.streaming_content]
+
+    with override_settings(KUMIFLOW_SSE_LISTEN=False):
+        chunks = async_to_sync(follow)()
+    messages = parse(b"".join(chunks))
+    assert [m.get("id") for m in messages[1:]] == ["1", "2", "3", "4", "5", "6", None]
+
+
+def test_frames_are_sent_once_and_the_end_only_when_caught_up():
+    stream = RunStream(after=1)
+
+    def row(version):
+        return (
+            version,
+            "00000000-0000-0000-0000-000000000000",
+            "t",
+            "workflow-run",
+            "r",
+            version,
+            f"type-{version}",
+            1,
+            "{}",
+            "{}",
+            None,
+            "",
+        )
+
+    snapshot = Snapshot("completed", 3, [row(1), row(2)])  # a read cut short (BATCH)
+    assert [f.split(b"\n")[0] for f in stream.frames(snapshot)] == [b"id: 2"]
+    assert not stream.done, "version 3 is not sent yet"
+    assert stream.frames(Snapshot("completed", 3, [row(2), row(3)]))[-1].startswith(b"event: end")
+    assert (stream.done, stream.last) == (True, 3)
+    assert RunStream(after=0).frames(Snapshot("running", 0, [])) == []
+    gone = RunStream(after=5)
+    assert gone.frames(Snapshot(None, 0, [])) == [
+        b'event: end\ndata: {"status":null,"stream_version":0}\n\n'
+    ]
+
+
+def spec_of(run, after=0) -> StreamSpec:
+    return StreamSpec(str(run.id), run.tenant_id, after, "default", None)
+
+
+def test_a_polling_stream_sends_heartbeats_while_waiting_and_events_as_they_come(approval):
+    run = start_workflow("approval", payload={"order": "o-1"})
+    with override_settings(KUMIFLOW_SSE_HEARTBEAT=0.05, KUMIFLOW_SSE_POLL_INTERVAL=0.01):
+        frames = sse.stream(spec_of(run))
+        assert next(frames) == OPENED
+        assert [next(frames).split(b"\n")[0] for _ in range(2)] == [b"id: 1", b"id: 2"]
+        assert next(frames) == HEARTBEAT  # nothing new: a keep-alive comment
+        append_event("o-1", "order.approved", {"order": "o-1", "by": "ann"})
+        assert [next(frames).split(b"\n")[0] for _ in range(2)] == [b"id: 3", b"id: 4"]
+        append_event("o-1", "order.shipped", {"order": "o-1"})
+        rest = list(frames)
+    assert [f.split(b"\n")[0] for f in rest] == [b"id: 5", b"id: 6", b"event: end"]
+
+
+def test_a_stream_opened_inside_a_transaction_polls_through_it(api, approval):
+    """Test cases (and ATOMIC_REQUESTS-style wrappers) hold a transaction: a
+    connection of the stream's own would not see its writes."""
+    run = finished_run(approval)
+    assert connection.in_atomic_block
+    assert sse.listen_params("default") is None
+    assert api.get(f"{API}runs/{run.id}/events/").status_code == 200
+
+
+# -- PostgreSQL: LISTEN, in process ----------------------------------------------------------
+
+postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's"
+)
+
+
+def approve_in_a_thread(order: str, event_type: str = "order.approved") -> threading.Thread:
+    def work():
+        try:
+            append_event(order, event_type, {"order": order, "by": "ann"})
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    return thread
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_listening_wsgi_stream_is_woken_by_the_notification(approval):
+    run = start_workflow("approval", payload={"order": "o-1"})
+    with override_settings(KUMIFLOW_SSE_POLL_INTERVAL=30, KUMIFLOW_SSE_HEARTBEAT=60):
+        spec = spec_of(run)
+        spec = StreamSpec(spec.run_id, spec.tenant, 0, "default", sse.listen_params("default"))
+        assert spec.listen is not None
+        frames = sse.stream(spec)
+        assert [next(frames).split(b"\n")[0] for _ in range(3)] == [
+            b": connected",
+            b"id: 1",
+            b"id: 2",
+        ]
+        thread = approve_in_a_thread("o-1")
+        began = time.monotonic()
+        assert next(frames).split(b"\n")[0] == b"id: 3"
+        assert time.monotonic() - began < 10, "woken by NOTIFY, not by the 30 s poll"
+        thread.join()
+        frames.close()
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_listening_asgi_stream_is_woken_and_its_connection_closed_with_it(approval):
+    run = start_workflow("approval", payload={"order": "o-1"})
+
+    def sse_backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
+            )
+            return int(cursor.fetchone()[0])
+
+    async def follow():
+        spec = StreamSpec(str(run.id), run.tenant_id, 0, "default", sse.listen_params("default"))
+        frames = sse.astream(spec)
+        got = [await anext(frames) for _ in range(3)]
+        assert got[0] == OPENED
+        listening = await sync_to_async(sse_backends)()
+        await sync_to_async(approve_in_a_thread("o-1").join)()
+        began = time.monotonic()
+        got.append(await anext(frames))
+        waited = time.monotonic() - began
+        await frames.aclose()  # what Django does when the client goes away
+        return got, listening, waited
+
+    from asgiref.sync import sync_to_async
+
+    with override_settings(KUMIFLOW_SSE_POLL_INTERVAL=30, KUMIFLOW_SSE_HEARTBEAT=60):
+        before = sse_backends()
+        got, listening, waited = async_to_sync(follow)()
+    assert [f.split(b"\n")[0] for f in got[1:]] == [b"id: 1", b"id: 2", b"id: 3"]
+    assert waited < 10
+    assert (before, listening, sse_backends()) == (0, 1, 0)
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_whose_connection_breaks_reopens_it_and_misses_nothing(approval, caplog):
+    run = start_workflow("approval", payload={"order": "o-1"})
+
+    def sse_pids() -> list[int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    with override_settings(KUMIFLOW_SSE_POLL_INTERVAL=0.05, KUMIFLOW_SSE_HEARTBEAT=60):
+        spec = StreamSpec(str(run.id), run.tenant_id, 0, "default", sse.listen_params("default"))
+        frames = sse.stream(spec)
+        assert [next(frames).split(b"\n")[0] for _ in range(3)] == [
+            b": connected",
+            b"id: 1",
+            b"id: 2",
+        ]
+        [broken] = sse_pids()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [broken])
+        approve_in_a_thread("o-1").join()  # committed while the stream has no connection
+        assert [next(frames).split(b"\n")[0] for _ in range(2)] == [b"id: 3", b"id: 4"]
+        [reopened] = sse_pids()
+        frames.close()
+    assert reopened != broken and sse_pids() == []
+    assert "connection broke; reopening it" in caplog.text
