@@ -61,6 +61,11 @@ _EXPORTS: dict[str, str] = {
     "handler": "kumiflow_django.steps.call",
     "register_step_kind": "kumiflow_django.definition.step",
     "StepKind": "kumiflow_django.definition.step",
+    # task steps
+    "current_task": "kumiflow_django.tasks.context",
+    "TaskContext": "kumiflow_django.tasks.context",
+    "TaskFailed": "kumiflow_django.steps.task",
+    "NotInATask": "kumiflow_django.tasks.context",
     # async entry points (and reading a run)
     "astart_workflow": "kumiflow_django.engine.aio",
     "aappend_event": "kumiflow_django.engine.aio",
@@ -110,6 +115,10 @@ __all__ = [
     "handler",
     "register_step_kind",
     "StepKind",
+    "current_task",
+    "TaskContext",
+    "TaskFailed",
+    "NotInATask",
     "astart_workflow",
     "aappend_event",
     "aget_run",
@@ -235,6 +244,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiflow_django.projections.user import define_projection
     from kumiflow_django.signals import event_appended
     from kumiflow_django.steps.call import handler
+    from kumiflow_django.steps.task import TaskFailed
     from kumiflow_django.store.errors import (
         DispatchNotFound,
         ImmutableEvent,
@@ -257,3 +267,4 @@ if TYPE_CHECKING:  # pragma: no cover
         read_log,
         stream_version,
     )
+    from kumiflow_django.tasks.context import NotInATask, TaskContext, current_task

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -20,14 +18,15 @@ class KumiflowConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
-        from kumiflow_django import checks, steps  # noqa: F401  (register checks, step kinds)
+        from kumiflow_django import (  # noqa: F401  (register checks, step kinds)
+            checks,
+            steps,
+            tasks,  # noqa: F401  (its hooks after commit)
+        )
         from kumiflow_django.engine.receivers import on_event_appended
         from kumiflow_django.http import ready as http_ready  # noqa: F401  (tokens, notify)
         from kumiflow_django.signals import event_appended
         from kumiflow_django.store.immutability import register_sqlite_function
-
-        with contextlib.suppress(ImportError):  # django.tasks: Django 6.0+
-            from kumiflow_django import tasks  # noqa: F401  (its wake-up hook)
 
         event_appended.connect(on_event_appended, dispatch_uid="kumiflow-engine")
         connection_created.connect(register_sqlite_function, dispatch_uid="kumiflow-sqlite-permit")

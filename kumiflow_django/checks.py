@@ -14,10 +14,16 @@ from django.core import checks
 
 from kumiflow_django.conf import PREFIX, KumiflowSettings, settings
 from kumiflow_django.definition.backoff import BackoffPolicy
+from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.step import path_text, walk
 
 
 def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _non_negative_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _positive_number(v: Any) -> bool:
@@ -111,6 +117,8 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "API_MAX_PAGE_SIZE": ("kumiflow.E023", _positive_int, "a positive integer"),
     "SSE_HEARTBEAT": ("kumiflow.E024", _positive_number, "a positive number of seconds"),
     "SSE_POLL_INTERVAL": ("kumiflow.E025", _positive_number, "a positive number of seconds"),
+    "TASK_THREADS": ("kumiflow.E040", _non_negative_int, "zero or a positive integer"),
+    "MAX_RESULT_BYTES": ("kumiflow.E041", _positive_int, "a positive integer (bytes)"),
     "SSE_LISTEN": (
         "kumiflow.E026",
         lambda v: v is None or isinstance(v, bool),
@@ -140,6 +148,16 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 f"{PREFIX}API_MAX_PAGE_SIZE ({most}).",
                 id="kumiflow.E027",
                 obj=f"{PREFIX}API_PAGE_SIZE",
+            )
+        )
+    result, value = settings.MAX_RESULT_BYTES, settings.MAX_VALUE_BYTES
+    if _positive_int(result) and _positive_int(value) and result > value:
+        errors.append(
+            checks.Error(
+                f"{PREFIX}MAX_RESULT_BYTES ({result}) is larger than "
+                f"{PREFIX}MAX_VALUE_BYTES ({value}): a result is stored as a value.",
+                id="kumiflow.E043",
+                obj=f"{PREFIX}MAX_RESULT_BYTES",
             )
         )
     alias = settings.TASKS_BACKEND
@@ -188,6 +206,28 @@ def _check_tasks_backend(alias: str) -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+@checks.register()
+def check_task_backends(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Every task step whose function is a Django ``Task`` names a configured backend."""
+    configured = set(getattr(django_settings, "TASKS", None) or {"default": None})
+    errors: list[checks.CheckMessage] = []
+    for workflow in registry.all_versions():
+        for path, step in walk(workflow.steps):
+            backend = getattr(step.args.get("fn"), "backend", None) if step.kind == "task" else None
+            if isinstance(backend, str) and backend not in configured:
+                errors.append(
+                    checks.Error(
+                        f"Workflow {workflow.name!r}, step {path_text(list(path))} "
+                        f"({step.name!r}): its task names the backend {backend!r}, "
+                        "which is not an alias of TASKS.",
+                        hint=f"Add {backend!r} to TASKS or use a task of a configured backend.",
+                        id="kumiflow.E042",
+                        obj=workflow.name,
+                    )
+                )
+    return errors
 
 
 @checks.register(checks.Tags.database)

@@ -47,6 +47,15 @@ class KumiflowSettings:
     WEBHOOK_ALLOWED_PRIVATE_HOSTS: Sequence[str] = ()
     #: Connect and read timeouts of webhook requests, in seconds.
     WEBHOOK_TIMEOUT: tuple[float, float] = (5.0, 15.0)
+    #: Threads of kumiflow's own task pool in ``kumiflow_worker`` and
+    #: ``kumiflow_tasks``: how many task steps' functions (plain functions, not
+    #: Django ``Task`` objects) run at once in one process. Sized for I/O-bound
+    #: work (each waits on a network or a disk); 0: this process runs none.
+    TASK_THREADS: int = 16
+    #: Largest result of a task step's function, and largest body of a webhook
+    #: response a workflow awaits, in bytes of UTF-8 JSON (a result is kept in
+    #: the run's state).
+    MAX_RESULT_BYTES: int = 262_144
     #: Optional ``TASKS`` backend alias; wake-ups are then also enqueued as tasks.
     TASKS_BACKEND: str | None = None
     #: An occurrence later than this (seconds) is a misfire, handled by the policy.

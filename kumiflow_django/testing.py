@@ -64,33 +64,43 @@ class IdleReport:
     resumed: int = 0
     dispatched: int = 0
     fired: int = 0
+    tasks: int = 0
     rounds: int = 0
 
 
 def run_until_idle(
-    *, dispatch: bool = True, cron: bool = True, max_rounds: int = 1000
+    *, dispatch: bool = True, cron: bool = True, tasks: bool = True, max_rounds: int = 1000
 ) -> IdleReport:
-    """Run the loops until nothing is due at the clock's current time."""
+    """Run the loops until nothing is due at the clock's current time (task
+    steps' functions included: each round waits for the attempts it started)."""
     # Imported here: the loops import the models, and this module is imported
     # by test modules and conftests before Django's app registry is ready.
     from kumiflow_django.workers.cron import CronLoop
     from kumiflow_django.workers.dispatch import DispatchLoop
     from kumiflow_django.workers.loop import Loop
     from kumiflow_django.workers.resume import ResumeLoop
+    from kumiflow_django.workers.tasks import TaskLoop
 
     loops: list[tuple[str, Loop]] = [("resumed", ResumeLoop(batch_size=500, threads=1))]
     if dispatch:
         loops.append(("dispatched", DispatchLoop(batch_size=500)))
     if cron:
         loops.append(("fired", CronLoop(batch_size=500)))
+    if tasks:
+        loops.append(("tasks", TaskLoop(batch_size=500)))
     report = IdleReport()
-    for _ in range(max_rounds):
-        report.rounds += 1
-        handled = 0
-        for field, loop in loops:
-            n = loop.run_once()
-            setattr(report, field, getattr(report, field) + n)
-            handled += n
-        if not handled:
-            return report
+    try:
+        for _ in range(max_rounds):
+            report.rounds += 1
+            handled = 0
+            for field, loop in loops:
+                n = loop.run_once()
+                loop.drain()
+                setattr(report, field, getattr(report, field) + n)
+                handled += n
+            if not handled:
+                return report
+    finally:
+        for _, loop in loops:
+            loop.close()
     raise RuntimeError(f"still busy after {max_rounds} rounds: a workflow loops without waiting?")

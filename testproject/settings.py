@@ -15,6 +15,32 @@ import environ
 BASE_DIR = Path(__file__).resolve().parent
 env = environ.Env()
 
+# Django's Tasks framework: the immediate backend by default, django-tasks-db's
+# worker ("db", a separate process: manage.py db_worker) and RQ ("rq", with
+# redis-server and manage.py rqworker) where their packages are installed.
+# Django 5.2 uses the django-tasks backport.
+_TASKS_MODULE = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+TASKS: dict[str, dict[str, object]] = {
+    "default": {"BACKEND": f"{_TASKS_MODULE}.backends.immediate.ImmediateBackend"},
+}
+_TASK_APPS: list[str] = [] if django.VERSION >= (6, 0) else ["django_tasks"]
+try:
+    import django_tasks_db  # noqa: F401
+except ImportError:
+    pass
+else:
+    _TASK_APPS.append("django_tasks_db")
+    TASKS["db"] = {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default", "slow"]}
+try:
+    import django_rq  # noqa: F401
+    import django_tasks_rq  # noqa: F401
+except ImportError:
+    pass
+else:
+    _TASK_APPS.append("django_rq")
+    TASKS["rq"] = {"BACKEND": "django_tasks_rq.RQBackend", "QUEUES": ["default"]}
+    RQ_QUEUES = {"default": {"URL": env.str("REDIS_URL", default="redis://127.0.0.1:6379/9")}}
+
 SECRET_KEY = env.str("SECRET_KEY", default="testproject-insecure-key-do-not-use-in-production")
 DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
@@ -28,6 +54,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "kumiflow_django",
     "testproject.shop",
+    *_TASK_APPS,
 ]
 
 MIDDLEWARE = [

@@ -27,7 +27,7 @@ LATE_IMPORTS = {
 }
 
 #: What may sit at the root of the package (besides subpackages).
-ROOT_MODULES = {"__init__", "apps", "checks", "conf", "signals", "tasks", "testing"}
+ROOT_MODULES = {"__init__", "apps", "checks", "conf", "signals", "testing"}
 
 
 def modules() -> dict[str, Path]:

@@ -198,6 +198,18 @@ def every_kind():
             ),
             s.wait_for_event("order.confirmed", match={"stream_id": lambda ctx: "x"}),
             s.wait_for_event("order.closed", timeout=dt.timedelta(days=1)),
+            s.task("doubled_later", double),
+            s.task(
+                "checked",
+                double,
+                args=lambda ctx: [ctx.steps["n"]],
+                timeout="PT1M",
+                heartbeat_timeout=10,
+                retry={"attempts": 5, "base": 1.0},
+                non_retryable=(ValueError,),
+                queue="slow",
+                on_error="result",
+            ),
             s.append_event("order.settled", stream_id=lambda ctx: ctx.event.stream_id),
             s.append_event(
                 "order.audited",

@@ -85,6 +85,32 @@ class DispatchRequest:
     problem: str | None = None
 
 
+@dataclass(frozen=True)
+class TaskRequest:
+    """Work a ``task`` step asks for: run ``function`` with ``args`` outside the
+    segment's transaction, after it commits (kumiflow's pool, or the Django
+    Tasks ``backend``), at least once, under one idempotency key for every
+    attempt: the task's id."""
+
+    id: uuid.UUID
+    step: str
+    name: str
+    function: str
+    args: Any
+    backend: str
+    queue: str
+    priority: int
+    timeout: float
+    heartbeat_timeout: float | None
+    retry: dict[str, Any]
+    non_retryable: tuple[str, ...]
+    problem: str | None = None
+
+
+#: What a step can ask the segment to commit besides the run's own events.
+Effect = DispatchRequest | TaskRequest
+
+
 class Context:
     """The resolver context: the trigger event, step results, loop scope, run and clock."""
 
@@ -112,8 +138,8 @@ class Context:
         self.since_gaps = since_gaps
         #: Static paths of the steps this segment ran (for the admin's picture).
         self.trail: list[str] = []
-        #: Side effects the segment commits with the run (outbox requests).
-        self.effects: list[DispatchRequest] = []
+        #: Side effects the segment commits with the run (outbox requests, tasks).
+        self.effects: list[Effect] = []
         self._attempts: list[int] = []
 
     @property

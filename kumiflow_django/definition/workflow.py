@@ -18,7 +18,7 @@ from kumiflow_django.definition.step import Step, check_resolver, get_kind, path
 from kumiflow_django.definition.triggers import TRIGGERS, CronTrigger, ManualTrigger, Trigger
 from kumiflow_django.store import limits
 from kumiflow_django.store.errors import WorkflowDefinitionError
-from kumiflow_django.store.names import SETTLED
+from kumiflow_django.store.names import SETTLED, TASK_SETTLED
 
 START_MODES = ("inline", "deferred")
 
@@ -44,6 +44,8 @@ class Workflow:
                 self.awaited.setdefault(step.args["event_type"], set()).add(paths)
             elif step.kind in ("mail_send", "webhook_send") and step.args.get("await_delivery"):
                 self.awaited.setdefault(SETTLED, set()).add(("stream_id",))
+            elif step.kind == "task":
+                self.awaited.setdefault(TASK_SETTLED, set()).add(("stream_id",))
 
     def __repr__(self) -> str:
         version = f" v{self.version}" if self.version is not None else ""

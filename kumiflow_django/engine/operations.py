@@ -17,6 +17,9 @@ from kumiflow_django.engine.segment import Segment
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
+from kumiflow_django.projections.tasks import StepTask, TaskStatus
+from kumiflow_django.projections.tasks import append as append_task
 from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
@@ -58,7 +61,7 @@ def cancel_run(
     run_id: uuid.UUID | str, *, reason: str = "", tenant: str | None = None
 ) -> WorkflowRun:
     """Stop a run that has not finished. Its outbox requests not delivered yet
-    are cancelled with it."""
+    are cancelled with it, and so are its tasks that have not settled."""
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status in FINISHED:
@@ -69,6 +72,9 @@ def cancel_run(
         pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
         for dispatch_id in pending.values_list("id", flat=True):
             cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")
+        for task in for_update(StepTask.objects.filter(run_id=run.id, status__in=OPEN_TASKS)):
+            # A running attempt sees it (``current_task().cancelled``); its result is ignored.
+            append_task(task, ev.TASK_CANCELLED, {"reason": f"run {run.id} was cancelled"})
     logger.info("run %s cancelled (%s)", run.id, reason or "no reason given")
     return updated
 
@@ -113,6 +119,26 @@ def _retry_point(run: WorkflowRun) -> dict[str, Any]:
     return {"status": RunStatus.PENDING, "cursor": None, "state": new_state(), "attempt": 1}
 
 
+def _retry_task(run: WorkflowRun, restore: dict[str, Any]) -> StepTask | None:
+    """When the run failed because its task failed for good: reopen that task
+    (``task.retried``: its retry policy starts over) and make the run wait for
+    its new outcome, after the failure it saw. Returns the reopened task."""
+    awaited = restore.get("awaited") or {}
+    if run.reason != ev.TASK_FAILED_REASON or awaited.get("event_type") != ev.TASK_SETTLED:
+        return None
+    task_id = (awaited.get("match") or {}).get("stream_id")
+    if not isinstance(task_id, str):
+        return None
+    task = for_update(StepTask.objects.filter(pk=task_id, run_id=run.id)).first()
+    if task is None or task.status != TaskStatus.FAILED:
+        return None
+    failed_at = restore.pop("matched_position", None)
+    if failed_at is not None:
+        awaited["after"] = max(int(awaited.get("after") or 0), int(failed_at))
+    restore["wait"] = True  # for the task's outcome, not due now
+    return append_task(task, ev.TASK_RETRIED, {"run_id": str(run.id)})
+
+
 def retry_run(
     run_id: uuid.UUID | str,
     *,
@@ -122,15 +148,19 @@ def retry_run(
     """Run a failed run's failed segment again, from the suspension it began at.
 
     The failed segment was rolled back as a whole, so nothing of it is
-    repeated twice. ``adopt_current_definition=True`` moves the run onto the
-    workflow's current definition first (after a ``workflow_definition_changed``
-    failure, when the new definition still fits the run's position).
+    repeated twice. A run whose task failed for good runs that task again, with
+    the same idempotency key and a fresh retry policy.
+
+    ``adopt_current_definition=True`` moves the run onto the workflow's
+    current definition first (after a ``workflow_definition_changed`` failure,
+    when the new definition still fits the run's position).
     """
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status != RunStatus.FAILED:
             raise InvalidRunState(f"run {run.id} is {run.status}: only failed runs are retried")
         payload: dict[str, Any] = {"restore": _retry_point(run)}
+        task = _retry_task(run, payload["restore"])
         if adopt_current_definition:
             current = registry.get(run.workflow)
             cursor = payload["restore"]["cursor"]
@@ -145,6 +175,9 @@ def retry_run(
             payload["fingerprint"] = current.fingerprint
             payload["version"] = current.version
         updated = _append(run, ev.RUN_RETRIED, payload)
-        work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
+        if task is not None:
+            work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)
+        else:
+            work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
     logger.info("run %s retried from %s", run.id, payload["restore"]["cursor"])
     return updated

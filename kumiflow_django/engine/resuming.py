@@ -43,7 +43,10 @@ from kumiflow_django.store.wakeups import WorkKind, work_committed
 logger = logging.getLogger("kumiflow_django.engine.resuming")
 
 #: Awaited "types" that stand for several event types.
-ALIASES: dict[str, tuple[str, ...]] = {ev.SETTLED: ev.OUTCOME_TYPES}
+ALIASES: dict[str, tuple[str, ...]] = {
+    ev.SETTLED: ev.OUTCOME_TYPES,
+    ev.TASK_SETTLED: ev.TASK_OUTCOME_TYPES,
+}
 
 
 def event_types_for(awaited: str) -> tuple[str, ...]:

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kumiflow_django.conf import settings
-from kumiflow_django.definition.context import Context, RunInfo, Trigger, Wake
+from kumiflow_django.definition.context import (
+    Context,
+    DispatchRequest,
+    RunInfo,
+    TaskRequest,
+    Trigger,
+    Wake,
+)
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
@@ -26,6 +33,8 @@ from kumiflow_django.outbox.requests import opened
 from kumiflow_django.projections.dispatches import DispatchStatus
 from kumiflow_django.projections.runs import RUNS, WorkflowRun
 from kumiflow_django.projections.stream import Change, write
+from kumiflow_django.projections.tasks import StepTask, TaskStatus
+from kumiflow_django.projections.tasks import opened as open_tasks
 from kumiflow_django.steps.control import EventWait, ReturnValue, StepError, Suspend, TimerWait
 from kumiflow_django.steps.runner import run_steps
 from kumiflow_django.store import clock
@@ -80,6 +89,7 @@ class Segment:
             # A committed segment ends any worker's lease on the run.
             run.lease_owner, run.lease_until = "", None
         self.dispatches: list[Change[Any]] = []
+        self.tasks: list[Change[StepTask]] = []
 
     def add(self, type_: str, payload: dict[str, Any]) -> Event:
         return self.run.add(type_, payload)
@@ -89,16 +99,25 @@ class Segment:
         return self.run.saved
 
     def add_effects(self, ctx: Context) -> None:
-        """Open the dispatch streams of the outbox requests the steps made."""
-        self.dispatches += opened(
-            ctx.effects, tenant=ctx.tenant, run_id=ctx.run.id, now=self.run.now
-        )
+        """Open the streams of what the steps asked for: outbox requests, tasks."""
+        tenant, run_id, now = ctx.tenant, ctx.run.id, self.run.now
+        requests = [e for e in ctx.effects if isinstance(e, DispatchRequest)]
+        tasks = [e for e in ctx.effects if isinstance(e, TaskRequest)]
+        self.dispatches += opened(requests, tenant=tenant, run_id=run_id, now=now)
+        self.tasks += open_tasks(tasks, tenant=tenant, run_id=run_id, now=now)
 
     def write(self) -> WorkflowRun:
-        """Write the segment (events, run row, outbox rows) and announce its events."""
-        write([self.run, *self.dispatches])
+        """Write the segment (events, run row, outbox and task rows) and announce
+        its events; after commit, the loops learn of the new work."""
+        write([self.run, *self.dispatches, *self.tasks])
         if any(d.saved.status == DispatchStatus.PENDING for d in self.dispatches):
             work_committed(WorkKind.DISPATCH)
+        for change in self.tasks:
+            task = change.saved
+            if task.status == TaskStatus.PENDING:
+                # A backend's task is handed to it after commit; the pool's wakes the loop.
+                item = task.id if task.backend else None
+                work_committed(WorkKind.TASK, run_id=task.run_id, item=item)
         return self.row
 
 
@@ -157,8 +176,10 @@ def advance(
             failure.describe(),
             exc_info=(type(failure.error), failure.error, failure.error.__traceback__),
         )
+        # An error may name its own reason (a task step's task that failed for good).
+        reason = getattr(failure.error, "run_failure_reason", ev.STEP_FAILED)
         raise Failure(
-            ev.STEP_FAILED, clean_text(failure.describe(), 1000), failure.path, _trail(ctx)
+            reason, clean_text(failure.describe(), 1000), failure.path, _trail(ctx)
         ) from failure
     finally:
         _depth.reset(token)

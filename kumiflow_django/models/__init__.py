@@ -9,6 +9,7 @@ from kumiflow_django.http.models import ApiToken
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
+from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.store.models import Event
 
 __all__ = [
@@ -18,5 +19,7 @@ __all__ = [
     "DispatchStatus",
     "Event",
     "RunStatus",
+    "StepTask",
+    "TaskStatus",
     "WorkflowRun",
 ]

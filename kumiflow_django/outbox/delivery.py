@@ -76,15 +76,19 @@ def _attempt(dispatch: Dispatch) -> tuple[str, dict[str, Any]]:
         result = kind.deliver(dispatch.request, dispatch) or {}
     except DeliveryFailure as failure:
         error, status, retryable = str(failure), failure.status_code, failure.retryable
-        retry_after = failure.retry_after
+        retry_after, response = failure.retry_after, failure.response
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a bug, an unexpected library error, a SystemExit: retried
         logger.exception("dispatch %s: delivery raised", dispatch.id)
         error, status, retryable, retry_after = f"{type(exc).__name__}: {exc}", None, True, None
+        response = None
     else:
         status = result.get("status_code") if isinstance(result, dict) else None
-        return ev.DISPATCHED, base | {"status_code": status}
+        done: dict[str, Any] = {"status_code": status}
+        if isinstance(result, dict) and result.get("response") is not None:
+            done["response"] = result["response"]
+        return ev.DISPATCHED, base | done
     error = clean_text(error, 1000)
     policy = BackoffPolicy.from_mapping(dispatch.retry) if dispatch.retry else BackoffPolicy()
     if retryable and attempt < policy.attempts:
@@ -101,7 +105,10 @@ def _attempt(dispatch: Dispatch) -> tuple[str, dict[str, Any]]:
             "next_attempt_at": isoformat(next_at),
         }
     logger.warning("dispatch %s: dead after attempt %d: %s", dispatch.id, attempt, error)
-    return ev.DISPATCH_FAILED, base | {"error": error, "status_code": status}
+    dead: dict[str, Any] = {"error": error, "status_code": status}
+    if response is not None:
+        dead["response"] = response
+    return ev.DISPATCH_FAILED, base | dead
 
 
 def deliver_one(dispatch_id: uuid.UUID, version: int) -> bool:

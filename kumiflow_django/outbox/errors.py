@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DeliveryFailure(Exception):
     """A failed attempt that may succeed later (5xx, 429, network trouble)."""
@@ -9,11 +11,18 @@ class DeliveryFailure(Exception):
     retryable = True
 
     def __init__(
-        self, message: str, *, status_code: int | None = None, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        response: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after
+        #: What the server answered, when the step awaits it (a webhook's response).
+        self.response = response
 
 
 class PermanentFailure(DeliveryFailure):

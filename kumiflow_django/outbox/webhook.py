@@ -17,7 +17,12 @@
 - the dispatch id goes in ``Idempotency-Key``, the same on every attempt;
 - 2xx is success; 5xx, 429 (honouring ``Retry-After``), network errors and
   names that do not resolve are retried; other 4xx and refused addresses are
-  not.
+  not;
+- when the step awaits the response (``capture_response``), its status, the
+  headers it names and its body are recorded with the outcome: JSON decoded
+  where the response says it is JSON, text otherwise, at most
+  ``KUMIFLOW_MAX_RESULT_BYTES`` (a longer body is cut there, as text, and
+  marked ``truncated``); the rest is never read.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import requests
@@ -40,6 +45,8 @@ from kumiflow_django.outbox import ssrf
 from kumiflow_django.outbox.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.store import clock
+from kumiflow_django.store.errors import InvalidEvent
+from kumiflow_django.store.values import clean_text, to_json
 
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
 _RESERVED_HEADERS = {"idempotency-key", "x-kumiflow-signature", "x-kumiflow-timestamp"}
@@ -81,6 +88,11 @@ def check(request: Mapping[str, Any]) -> str | None:
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
     ):
         return "webhook headers must map strings to strings"
+    names = request.get("response_headers")
+    if names is not None and not (
+        isinstance(names, list) and all(isinstance(n, str) and 0 < len(n) <= 200 for n in names)
+    ):
+        return "webhook response_headers must be a list of header names"
     timeout = request.get("timeout")
     if timeout is not None and not (
         isinstance(timeout, list) and len(timeout) == 2 and all(_positive(t) for t in timeout)
@@ -112,6 +124,68 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, (when - clock.now()).total_seconds())
 
 
+#: The response headers an awaiting step gets when it names none.
+DEFAULT_RESPONSE_HEADERS = (
+    "Content-Type",
+    "Content-Length",
+    "ETag",
+    "Last-Modified",
+    "Location",
+    "Link",
+    "Retry-After",
+    "X-Request-Id",
+)
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def read_response(response: requests.Response, header_names: Sequence[str]) -> dict[str, Any]:
+    """What an awaiting step gets: status, the named headers, the body (capped)."""
+    cap = int(settings.MAX_RESULT_BYTES)
+    raw = b""
+    truncated = False
+    for chunk in response.iter_content(chunk_size=65_536):
+        raw += chunk
+        if len(raw) > cap:
+            raw, truncated = raw[:cap], True
+            break
+    headers = {
+        name: clean_text(response.headers[name], 2000)
+        for name in header_names
+        if name in response.headers
+    }
+    content_type = response.headers.get("Content-Type", "")
+    text = raw.decode(response.encoding or "utf-8", errors="replace") if raw else ""
+    body: Any = clean_text(text, cap)
+    if raw and not truncated and _is_json(content_type):
+        try:
+            body = to_json(json.loads(text), "a webhook response's body", max_bytes=cap)
+        except (ValueError, InvalidEvent):
+            pass  # not JSON after all (or not storable as such): the text
+    return {
+        "status": response.status_code,
+        "headers": headers,
+        "body": body if raw else None,
+        "truncated": truncated,
+    }
+
+
+#: A body nobody awaits is read up to this many bytes (so that the connection
+#: can be kept alive); a longer one is not read, its connection is closed.
+DRAIN_BYTES = 65_536
+
+
+def _drain(response: requests.Response) -> None:
+    read = 0
+    for chunk in response.iter_content(chunk_size=16_384):
+        read += len(chunk)
+        if read > DRAIN_BYTES:
+            return
+
+
 def deliver(request: Mapping[str, Any], dispatch: Dispatch) -> dict[str, Any]:
     url = request["url"]
     problem = ssrf.url_problem(url)
@@ -141,6 +215,7 @@ def deliver(request: Mapping[str, Any], dispatch: Dispatch) -> dict[str, Any]:
     timeout = tuple(request.get("timeout") or settings.WEBHOOK_TIMEOUT)
     # The connection refuses a non-public address with ssrf.Refused, a
     # PermanentFailure that requests lets through unwrapped.
+    capture = bool(request.get("capture_response"))
     try:
         response = session().request(
             request["method"],
@@ -149,22 +224,33 @@ def deliver(request: Mapping[str, Any], dispatch: Dispatch) -> dict[str, Any]:
             headers=headers,
             timeout=timeout,
             allow_redirects=False,
+            stream=True,  # the body is read only when awaited, and only up to the cap
         )
+        try:
+            answer = None
+            if capture:
+                names = request.get("response_headers") or DEFAULT_RESPONSE_HEADERS
+                answer = read_response(response, names)
+            else:
+                _drain(response)
+        finally:
+            response.close()
     except requests.Timeout as exc:
         raise DeliveryFailure(f"webhook request timed out ({type(exc).__name__})") from exc
     except requests.RequestException as exc:
         raise DeliveryFailure(f"webhook request failed ({type(exc).__name__}: {exc})") from exc
     status = response.status_code
-    response.close()
     if 200 <= status < 300:
-        return {"status_code": status}
+        return {"status_code": status, "response": answer}
     reason = f"HTTP {status}: {response.reason}"
     if 300 <= status < 400:
         location = response.headers.get("Location", "")
         raise PermanentFailure(
-            f"{reason}; redirects are not followed (to {location!r})", status_code=status
+            f"{reason}; redirects are not followed (to {location!r})",
+            status_code=status,
+            response=answer,
         )
     if status == 429 or status >= 500:
         retry_after = _retry_after(response.headers.get("Retry-After"))
-        raise DeliveryFailure(reason, status_code=status, retry_after=retry_after)
-    raise PermanentFailure(reason, status_code=status)
+        raise DeliveryFailure(reason, status_code=status, retry_after=retry_after, response=answer)
+    raise PermanentFailure(reason, status_code=status, response=answer)

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import models
 
-from kumiflow_django.projections import dispatches, runs, schedules
+from kumiflow_django.projections import dispatches, runs, schedules, tasks
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.user import projections
 from kumiflow_django.store import db
@@ -57,6 +57,7 @@ def rebuild_all() -> dict[str, int]:
             ("runs", runs.RUNS, ev.RUN_EVENTS),
             ("dispatches", dispatches.DISPATCHES, ev.DISPATCH_EVENTS),
             ("schedules", schedules.SCHEDULES, ev.CRON_EVENTS),
+            ("tasks", tasks.TASKS, ev.TASK_EVENTS),
         ]
         for name, stream, types in streams:
             stream.model._default_manager.all().delete()

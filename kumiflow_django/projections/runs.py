@@ -289,7 +289,8 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.reason = ""
         run.last_error = ""
         run.finished_at = None
-        run.wake_at = event.created_at
+        # "wait": the run waits again for its awaited event (a task run again).
+        run.wake_at = None if restore.get("wait") else event.created_at
     elif event.type == ev.RUN_RECOVERED:
         run.recoveries += 1
     elif event.type == ev.SEGMENT_REFUSED:

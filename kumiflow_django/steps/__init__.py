@@ -20,6 +20,7 @@ from kumiflow_django.steps.model import StaleVersion, model
 from kumiflow_django.steps.read import read
 from kumiflow_django.steps.retry import retry
 from kumiflow_django.steps.return_ import return_
+from kumiflow_django.steps.task import TaskFailed, task
 from kumiflow_django.steps.wait import wait
 from kumiflow_django.steps.wait_for_event import wait_for_event
 from kumiflow_django.steps.webhook import webhook_send
@@ -41,6 +42,8 @@ __all__ = [
     "resolve",
     "retry",
     "return_",
+    "task",
+    "TaskFailed",
     "wait",
     "wait_for_event",
     "webhook_send",

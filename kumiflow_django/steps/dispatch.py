@@ -81,9 +81,17 @@ def delivery_result(ctx: Context) -> dict[str, Any]:
     event = ctx.wake.event if ctx.wake is not None else None
     if event is None:
         return {"delivered": False, "error": "no outcome"}
-    return {
+    result = {
         "dispatch_id": event.stream_id,
         "delivered": event.type == ev.DISPATCHED,
         "status_code": event.payload.get("status_code"),
         "error": event.payload.get("error"),
     }
+    response = event.payload.get("response")
+    if isinstance(response, dict):  # a webhook's answer: what a workflow calls an API for
+        result |= {
+            "headers": response.get("headers") or {},
+            "body": response.get("body"),
+            "truncated": bool(response.get("truncated")),
+        }
+    return result

@@ -8,7 +8,7 @@ transaction. The secret is named, not given: the dispatcher looks it up in
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kumiflow_django.definition.context import Context
@@ -46,6 +46,10 @@ class WebhookSendKind(StepKind):
         }
         if "body" in a:
             message["body"] = resolve(a["body"], ctx)
+        if a["await_delivery"]:
+            message["capture_response"] = True
+            if a.get("response_headers") is not None:
+                message["response_headers"] = list(a["response_headers"])
         return request(ctx, path, "webhook", message, a["retry"], a["await_delivery"])
 
     def describe(self, step: Step) -> str:
@@ -63,11 +67,19 @@ def webhook_send(
     timeout: tuple[float, float] | None = None,
     retry: Mapping[str, Any] | None = None,
     await_delivery: bool = False,
+    response_headers: Sequence[str] | None = None,
     name: str | None = None,
 ) -> Step:
     """Request an HTTP call with a JSON ``body``. ``secret`` names an entry of
     ``KUMIFLOW_WEBHOOK_SECRETS`` used to sign it; ``timeout`` is (connect,
-    read) seconds; ``retry`` and ``await_delivery`` as for ``mail_send``."""
+    read) seconds; ``retry`` as for ``mail_send``.
+
+    With ``await_delivery=True`` the run waits for the outcome, and the step's
+    result carries the response: ``status_code``, ``headers`` (those named in
+    ``response_headers``, or a default set without cookies), ``body`` (JSON
+    decoded where the response is JSON, text otherwise, at most
+    ``KUMIFLOW_MAX_RESULT_BYTES``) and ``truncated``.
+    """
     args: dict[str, Any] = {
         "url": url,
         "method": method,
@@ -77,6 +89,14 @@ def webhook_send(
         "retry": dict(retry) if retry else None,
         "await_delivery": await_delivery,
     }
+    if response_headers is not None:
+        if isinstance(response_headers, str) or not all(
+            isinstance(h, str) and h for h in response_headers
+        ):
+            raise ValueError("response_headers must be a list of header names")
+        if not await_delivery:
+            raise ValueError("response_headers needs await_delivery=True")
+        args["response_headers"] = tuple(response_headers)
     if body is not _NO_BODY:
         args["body"] = body
     return Step("webhook_send", name, args)

@@ -25,3 +25,8 @@ TIME_ZONE = 64
 DISABLED_REASON = 200
 REASON = 64
 LEASE_OWNER = 100
+#: A task's function as ``module.qualname``.
+TASK_FUNCTION = 300
+#: A ``TASKS`` backend alias, a queue name.
+TASK_BACKEND = 100
+TASK_QUEUE = 100

@@ -39,7 +39,7 @@ logger = logging.getLogger("kumiflow_django.store.log")
 #: Event types under this prefix are written by the engine only.
 RESERVED_PREFIX = "kumiflow."
 #: Stream types of the engine's own streams (runs, dispatches, schedules).
-ENGINE_STREAM_TYPES = frozenset({ev.RUN_STREAM, ev.DISPATCH_STREAM, ev.CRON_STREAM})
+ENGINE_STREAM_TYPES = frozenset({ev.RUN_STREAM, ev.DISPATCH_STREAM, ev.CRON_STREAM, ev.TASK_STREAM})
 #: Stream ids the engine derives from names (``cron:<workflow>``): reserved.
 RESERVED_STREAM_PREFIXES = (ev.CRON_STREAM_PREFIX,)
 #: An append without ``expected_version`` that meets a concurrent writer

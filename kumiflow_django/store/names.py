@@ -66,6 +66,39 @@ DISPATCH_EVENTS = frozenset(
     }
 )
 
+TASK_STREAM = "step-task"
+
+TASK_REQUESTED = "kumiflow.task.requested"
+#: A Django Tasks backend accepted an attempt (kumiflow's pool needs no such step).
+TASK_ENQUEUED = "kumiflow.task.enqueued"
+TASK_ATTEMPT_STARTED = "kumiflow.task.attempt-started"
+TASK_ATTEMPT_FAILED = "kumiflow.task.attempt-failed"
+TASK_COMPLETED = "kumiflow.task.completed"
+TASK_FAILED = "kumiflow.task.failed"
+TASK_CANCELLED = "kumiflow.task.cancelled"
+#: A result that came too late (its attempt timed out, its task was cancelled).
+TASK_RESULT_IGNORED = "kumiflow.task.result-ignored"
+#: An operator retried a run whose task had failed: the task runs again.
+TASK_RETRIED = "kumiflow.task.retried"
+
+#: The awaited "event type" of a task step: either outcome of its task.
+TASK_SETTLED = "kumiflow.task.settled"
+TASK_OUTCOME_TYPES = (TASK_COMPLETED, TASK_FAILED)
+
+TASK_EVENTS = frozenset(
+    {
+        TASK_REQUESTED,
+        TASK_ENQUEUED,
+        TASK_ATTEMPT_STARTED,
+        TASK_ATTEMPT_FAILED,
+        TASK_COMPLETED,
+        TASK_FAILED,
+        TASK_CANCELLED,
+        TASK_RESULT_IGNORED,
+        TASK_RETRIED,
+    }
+)
+
 # Reasons of run-failed (machine-readable; the error text says more).
 STEP_FAILED = "step_failed"
 DEFINITION_CHANGED = "workflow_definition_changed"
@@ -75,6 +108,7 @@ AWAITED_UNAVAILABLE = "awaited_event_unavailable"
 CORRUPT_STATE = "corrupt_state"
 START_DEPTH_EXCEEDED = "start_depth_exceeded"
 STATE_TOO_LARGE = "state_too_large"
+TASK_FAILED_REASON = "task_failed"
 UNSTORABLE_STATE = "unstorable_state"
 
 CRON_STREAM = "cron-schedule"

@@ -39,12 +39,18 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _DEPTH_CHANGE = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
-def to_json(value: Any, what: str, *, max_bytes: int | None = None) -> Any:
+def to_json(
+    value: Any,
+    what: str,
+    *,
+    max_bytes: int | None = None,
+    setting: str = "KUMIFLOW_MAX_VALUE_BYTES",
+) -> Any:
     """``value`` as it reads back from a JSON column; InvalidEvent when it cannot be stored.
 
-    ``max_bytes`` defaults to ``KUMIFLOW_MAX_VALUE_BYTES``.
+    ``max_bytes`` defaults to ``KUMIFLOW_MAX_VALUE_BYTES``; ``setting`` names the limit.
     """
-    text = dump(value, what, max_bytes=max_bytes)
+    text = dump(value, what, max_bytes=max_bytes, setting=setting)
     return json.loads(text)
 
 

@@ -33,15 +33,17 @@ class WorkKind(StrEnum):
     RESUME = "resume"
     DISPATCH = "dispatch"
     CRON = "cron"
+    TASK = "task"
 
 
 class Work(NamedTuple):
     """Work that a transaction committed: its kind, when it is due (None: now),
-    and the run it belongs to, if any."""
+    the run it belongs to, and the item (a task's id), if any."""
 
     kind: WorkKind
     when: datetime | None = None
     run_id: uuid.UUID | None = None
+    item: uuid.UUID | None = None
 
 
 Listener = Callable[[str], None]
@@ -71,10 +73,13 @@ def on_committed(hook: Hook) -> None:
 
 
 def work_committed(
-    kind: WorkKind, when: datetime | None = None, run_id: uuid.UUID | None = None
+    kind: WorkKind,
+    when: datetime | None = None,
+    run_id: uuid.UUID | None = None,
+    item: uuid.UUID | None = None,
 ) -> None:
     """Announce, after the current transaction commits, work of ``kind`` due at ``when``."""
-    db.on_commit(partial(_committed, Work(kind, when, run_id)))
+    db.on_commit(partial(_committed, Work(kind, when, run_id, item)))
 
 
 def _committed(work: Work) -> None:

@@ -95,6 +95,9 @@ class Loop:
             db.connection().close()
             logger.info("%s loop stopped", self.name)
 
+    def drain(self) -> None:
+        """Wait for the work ``run_once`` started elsewhere (a pool's threads) to end."""
+
     def close(self) -> None:
         """Release what the loop holds besides this thread's connection."""
 

@@ -1,4 +1,4 @@
-"""The worker: the resume, dispatch and cron loops in one process.
+"""The worker: the resume, dispatch, cron and task loops in one process.
 
 Each loop runs in its own thread with its own database connection; one
 ``stop()`` (SIGINT/SIGTERM in ``kumiflow_worker``) lets each finish the item
@@ -17,6 +17,7 @@ from kumiflow_django.workers.cron import CronLoop
 from kumiflow_django.workers.dispatch import DispatchLoop
 from kumiflow_django.workers.loop import Loop
 from kumiflow_django.workers.resume import ResumeLoop, default_worker_id
+from kumiflow_django.workers.tasks import TaskLoop
 
 logger = logging.getLogger("kumiflow_django.workers.worker")
 
@@ -28,6 +29,8 @@ class Worker:
         resume: bool = True,
         dispatch: bool = True,
         cron: bool = True,
+        tasks: bool = True,
+        task_threads: int | None = None,
         batch_size: int = 100,
         max_interval: float = 5.0,
         worker_id: str | None = None,
@@ -44,13 +47,27 @@ class Worker:
             self.loops.append(DispatchLoop(batch_size=batch_size, max_interval=max_interval))
         if cron:
             self.loops.append(CronLoop(batch_size=batch_size, max_interval=max_interval))
+        if tasks:
+            self.loops.append(
+                TaskLoop(
+                    threads=task_threads,
+                    worker_id=self.worker_id,
+                    batch_size=batch_size,
+                    max_interval=max_interval,
+                )
+            )
         if not self.loops:
             raise ValueError("a worker needs at least one loop")
         #: Set when a loop died of something other than a database error.
         self.crashed = False
 
     def run_once(self) -> dict[str, int]:
-        return {loop.name: loop.run_once() for loop in self.loops}
+        """One batch of each loop; the task attempts it started have ended when it returns."""
+        handled = {}
+        for loop in self.loops:
+            handled[loop.name] = loop.run_once()
+            loop.drain()
+        return handled
 
     def stop(self) -> None:
         for loop in self.loops:

@@ -4,6 +4,9 @@
   on engagement, wait a week, tell the CRM.
 - ``webhook-delivery``: one webhook per processed data event.
 - ``daily-report``: a webhook every morning at 09:00 UTC.
+- ``order-invoice``: renders an invoice outside the transaction (a task step).
+
+And the probes the tests of task steps start (``task-*``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from django.conf import settings
 
 from kumiflow_django import define_projection, define_workflow, on_cron, on_event
 from kumiflow_django import steps as s
+from testproject.shop import tasks as shop_tasks
 
 
 def _email(ctx):
@@ -170,3 +174,59 @@ if settings.SHOP_CRON_EVERY_SECOND:
 if settings.SHOP_BROKEN_CRON:
     # Only for the test that `manage.py check` reports an invalid definition.
     define_workflow("broken-cron", trigger=on_cron("61 25 * * *"), steps=[])
+
+# -- task steps: work outside the transaction ---------------------------------
+
+invoice = define_workflow(
+    "order-invoice",
+    steps=[
+        s.task(
+            "invoice",
+            shop_tasks.render_invoice,
+            args=lambda ctx: [ctx.event.payload["order_id"], ctx.event.payload["lines"]],
+            timeout=30,
+        ),
+        s.return_(lambda ctx: ctx.steps["invoice"]),
+    ],
+)
+
+
+def _task_args(ctx):
+    return ctx.event.payload.get("args", [])
+
+
+def _task_probe(name, fn, **options):
+    """A workflow of one task step (probing it) whose result is the run's."""
+    return define_workflow(
+        name,
+        steps=[
+            s.task("result", fn, args=_task_args, **options),
+            s.return_(lambda ctx: ctx.steps["result"]),
+        ],
+    )
+
+
+# The probes of tests/tasks/: one workflow per behaviour, the same in every process.
+_FAST_RETRY = {"attempts": 3, "base": 0.1, "jitter": 0.0}
+_task_probe("task-double", shop_tasks.double)
+_task_probe("task-double-immediate", shop_tasks.double_immediate)
+if "db" in settings.TASKS:
+    _task_probe("task-double-db", shop_tasks.double_db)
+if "rq" in settings.TASKS:
+    _task_probe("task-double-rq", shop_tasks.double_rq)
+_task_probe("task-sleep", shop_tasks.sleep_then, timeout=30)
+_task_probe("task-slow-first", shop_tasks.slow_first, timeout=1, retry=_FAST_RETRY)
+_task_probe("task-heartbeat", shop_tasks.heartbeating, timeout=60, heartbeat_timeout=2)
+_task_probe("task-cancellable", shop_tasks.until_cancelled, timeout=60)
+_task_probe("task-sigkill", shop_tasks.marker_then_sleep, timeout=3, retry=_FAST_RETRY)
+_task_probe("task-flaky", shop_tasks.fails, retry=_FAST_RETRY)
+_task_probe("task-outage", shop_tasks.fails_until_fixed, retry={**_FAST_RETRY, "attempts": 2})
+_task_probe("task-bad-input", shop_tasks.bad_value, non_retryable=(ValueError,))
+_task_probe(
+    "task-bad-input-result",
+    shop_tasks.bad_value,
+    non_retryable=(ValueError,),
+    on_error="result",
+)
+_task_probe("task-unstorable", shop_tasks.unstorable)
+_task_probe("task-too-large", shop_tasks.too_large)

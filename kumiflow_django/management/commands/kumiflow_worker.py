@@ -1,4 +1,4 @@
-"""``manage.py kumiflow_worker``: the resume, dispatch and cron loops in one process."""
+"""``manage.py kumiflow_worker``: the resume, dispatch, cron and task loops in one process."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from kumiflow_django.conf import settings
 from kumiflow_django.management.loop_command import (
     configure_logging,
+    non_negative_int,
     positive_float,
     positive_int,
     run_until_signalled,
@@ -18,7 +19,7 @@ from kumiflow_django.workers.worker import Worker
 
 class Command(BaseCommand):
     help = (
-        "Run the resume, dispatch and cron loops in one process. SIGINT/SIGTERM "
+        "Run the resume, dispatch, cron and task loops in one process. SIGINT/SIGTERM "
         "finish the work at hand and exit 0; a second signal exits at once."
     )
 
@@ -29,6 +30,19 @@ class Command(BaseCommand):
         parser.add_argument("--no-resume", action="store_true", help="Do not resume runs.")
         parser.add_argument("--no-dispatch", action="store_true", help="Do not deliver the outbox.")
         parser.add_argument("--no-cron", action="store_true", help="Do not fire cron schedules.")
+        parser.add_argument(
+            "--no-tasks",
+            action="store_true",
+            help="No task loop (run kumiflow_tasks elsewhere: something must give up "
+            "task attempts whose lease ran out).",
+        )
+        parser.add_argument(
+            "--task-threads",
+            type=non_negative_int,
+            default=None,
+            help="Threads of the task pool (default: KUMIFLOW_TASK_THREADS; 0: run no "
+            "task functions here, only keep time for them).",
+        )
         parser.add_argument("--batch-size", type=positive_int, default=None)
         parser.add_argument("--max-interval", type=positive_float, default=None)
         parser.add_argument(
@@ -42,6 +56,8 @@ class Command(BaseCommand):
         no_resume: bool = False,
         no_dispatch: bool = False,
         no_cron: bool = False,
+        no_tasks: bool = False,
+        task_threads: int | None = None,
         batch_size: int | None = None,
         max_interval: float | None = None,
         worker_id: str | None = None,
@@ -56,6 +72,8 @@ class Command(BaseCommand):
                 resume=not no_resume,
                 dispatch=not no_dispatch,
                 cron=not no_cron,
+                tasks=not no_tasks,
+                task_threads=task_threads,
                 batch_size=batch_size or settings.RESUME_BATCH_SIZE,
                 max_interval=max_interval or settings.MAX_INTERVAL,
                 worker_id=worker_id,
