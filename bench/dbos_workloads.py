@@ -272,4 +272,31 @@ def w6(db: str) -> dict[str, Any]:
     return idle_scale(small, large)
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6}
+def w7(db: str) -> dict[str, Any]:
+    """500 workflows of one step that sleeps 200 ms, drained through a queue
+    with 32 workers in this process (polled every 0.1 s, not DBOS's default 1 s)."""
+    if db != "postgresql":
+        return {"skipped": "measured on PostgreSQL"}
+    DBOS = launch(system_url(db, "dbos_bench_w7"))
+
+    @DBOS.step()
+    def nap() -> int:
+        time.sleep(0.2)
+        return 1
+
+    @DBOS.workflow()
+    def napper() -> int:
+        return nap()
+
+    DBOS.launch()
+    queue = DBOS.register_queue("bench_w7", worker_concurrency=32, polling_interval_sec=0.1)
+    n = 500
+    start = time.perf_counter()
+    handles = [queue.enqueue(napper) for _ in range(n)]
+    results = [h.get_result() for h in handles]
+    wall = time.perf_counter() - start
+    DBOS.destroy()
+    return {"completed": results == [1] * n, "all_complete_s": round(wall, 3)}
+
+
+WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7}

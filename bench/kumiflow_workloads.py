@@ -22,7 +22,9 @@ from bench.common import (
 )
 
 
-def _spawn_worker(url: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _spawn_worker(
+    url: str, env: dict[str, str] | None = None, *extra: str
+) -> subprocess.Popen[bytes]:
     environment = {
         **os.environ,
         "DATABASE_URL": url,
@@ -38,6 +40,7 @@ def _spawn_worker(url: str, env: dict[str, str] | None = None) -> subprocess.Pop
             "1",
             "-v",
             "0",
+            *extra,
         ],
         cwd=ROOT,
         env=environment,
@@ -329,4 +332,73 @@ def w6(db: str) -> dict[str, Any]:
     return idle_scale(small, large)
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6}
+class _LongestTransaction:
+    """Samples pg_stat_activity every 5 ms from a connection of its own: the
+    longest transaction any other session of the database held open."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        import psycopg
+
+        self.conn = psycopg.connect(url.replace("postgres://", "postgresql://"), autocommit=True)
+        self.longest_ms = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            row = self.conn.execute(
+                "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0) "
+                "FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+            ).fetchone()
+            self.longest_ms = max(self.longest_ms, float(row[0]) * 1000 if row else 0.0)
+            self.samples += 1
+            self._stop.wait(0.005)
+
+    def __enter__(self) -> _LongestTransaction:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.conn.close()
+
+
+def w7(db: str) -> dict[str, Any]:
+    """500 workflows, each one task step that sleeps 200 ms, drained by one
+    worker with 32 task threads; the longest transaction while it ran."""
+    if db != "postgresql":
+        return {"skipped": "measured on PostgreSQL (pg_stat_activity)"}
+    url = database_url(db, "kumiflow_bench_w7")
+    setup_django(url)
+    from kumiflow_django import start_workflow
+    from kumiflow_django.models import StepTask, WorkflowRun
+
+    worker = _spawn_worker(url, None, "--task-threads", "32")
+    time.sleep(3)  # the worker is up and polling
+    n = 500
+    try:
+        with _LongestTransaction(url) as longest:
+            start = time.perf_counter()
+            for _ in range(n):
+                start_workflow("bench-w7")
+            done = _wait(lambda: WorkflowRun.objects.filter(status="completed").count() == n, 120)
+            wall = time.perf_counter() - start
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    return {
+        "completed": done,
+        "all_complete_s": round(wall, 3),
+        "ideal_s": round(n * 0.2 / 32, 3),
+        "attempts": sum(StepTask.objects.values_list("attempt", flat=True)),
+        "longest_transaction_ms": round(longest.longest_ms, 1),
+        "transaction_samples": longest.samples,
+    }
+
+
+WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7}

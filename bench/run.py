@@ -132,6 +132,26 @@ def targets(results: list[dict[str, Any]], peer: bool) -> list[dict[str, Any]]:
             abs(w6["memory_growth"]) <= 0.10,
             f"{w6['memory_growth']:+.1%}",
         )
+    w7 = k("W7")
+    if w7 and "all_complete_s" in w7:
+        ideal = 1.5 * w7["ideal_s"]
+        if w1:
+            bound = ideal + 500 / w1["workflows_per_s"]
+            target(
+                "W7 all complete <= 1.5 x (500 x 0.2 s / 32) + W1's time for 500",
+                w7["completed"] and w7["all_complete_s"] <= bound,
+                f"{w7['all_complete_s']} s (bound {bound:.2f} s)",
+            )
+        else:
+            target("W7 all complete within its bound", None, "W1 was not measured in this run")
+        target(
+            "W7 no transaction longer than 50 ms",
+            w7["longest_transaction_ms"] <= 50,
+            f"longest {w7['longest_transaction_ms']} ms in {w7['transaction_samples']} samples",
+        )
+        if peer and d("W7"):
+            ratio = d("W7")["all_complete_s"] / w7["all_complete_s"]
+            target("W7 (for the record) vs DBOS", None, f"{ratio:.2f}x DBOS's speed")
     return out
 
 
@@ -143,6 +163,7 @@ def summary(results: list[dict[str, Any]], judged: list[dict[str, Any]]) -> str:
         "W4": "finished_100k_0_due_ms",
         "W5": "runs_lost",
         "W6": "worker_rss_mb_20000",
+        "W7": "all_complete_s",
     }
     lines = [f"{'workload':<9}{'engine':<10}{'db':<12}{'headline':<28}{'peak MB':>8}"]
     for r in results:
@@ -171,7 +192,7 @@ def main() -> int:
     )
     parser.add_argument("--db", default="sqlite,postgres")
     parser.add_argument("--peer", choices=["dbos"], default=None)
-    parser.add_argument("--only", default="W1,W2,W3,W4,W5,W6")
+    parser.add_argument("--only", default="W1,W2,W3,W4,W5,W6,W7")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "WORKLOAD", "DB"))
     args = parser.parse_args()

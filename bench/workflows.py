@@ -1,8 +1,9 @@
-"""The benchmark's workflows (W1-W6), registered like any app's."""
+"""The benchmark's workflows (W1-W7), registered like any app's."""
 
 from __future__ import annotations
 
 import os
+import time
 
 from kumiflow_django import define_workflow, on_event
 from kumiflow_django import steps as s
@@ -54,3 +55,15 @@ w5 = define_workflow(
 )
 
 w6 = define_workflow("bench-w6", steps=[s.wait("PT1H"), s.return_(None)])
+
+
+def nap() -> int:
+    """W7's task: 200 ms of waiting on something outside the database."""
+    time.sleep(0.2)
+    return 1
+
+
+w7 = define_workflow(
+    "bench-w7",
+    steps=[s.task("napped", nap, timeout=30), s.return_(lambda ctx: ctx.steps["napped"])],
+)

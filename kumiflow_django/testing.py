@@ -71,8 +71,11 @@ class IdleReport:
 def run_until_idle(
     *, dispatch: bool = True, cron: bool = True, tasks: bool = True, max_rounds: int = 1000
 ) -> IdleReport:
-    """Run the loops until nothing is due at the clock's current time (task
-    steps' functions included: each round waits for the attempts it started)."""
+    """Run the loops until nothing is due at the clock's current time.
+
+    Task steps' functions run too, on this process whatever their Django
+    Tasks backend (each round waits for the attempts it started).
+    """
     # Imported here: the loops import the models, and this module is imported
     # by test modules and conftests before Django's app registry is ready.
     from kumiflow_django.workers.cron import CronLoop
@@ -87,7 +90,9 @@ def run_until_idle(
     if cron:
         loops.append(("fired", CronLoop(batch_size=500)))
     if tasks:
-        loops.append(("tasks", TaskLoop(batch_size=500)))
+        # Every task step's function runs here, whatever its backend: a test
+        # transaction never commits, so a backend would never be handed the task.
+        loops.append(("tasks", TaskLoop(batch_size=500, every_backend=True)))
     report = IdleReport()
     try:
         for _ in range(max_rounds):

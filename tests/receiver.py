@@ -19,6 +19,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     raw: bytes | None = None  # sent instead of an HTTP response
+    body: bytes = b"ok"
 
 
 @dataclass
@@ -64,9 +65,9 @@ class Receiver:
                 self.send_response(reply.status)
                 for name, value in reply.headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Length", "2")
+                self.send_header("Content-Length", str(len(reply.body)))
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(reply.body)
 
             do_POST = do_PUT = do_GET = do_PATCH = do_DELETE = _handle  # noqa: N815
 

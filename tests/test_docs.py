@@ -9,10 +9,14 @@ run here (a long-running process, an install) is preceded by
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
+import sys
+import types
 from pathlib import Path
 
+import django
 import pytest
 from django.core.management import call_command
 
@@ -46,8 +50,16 @@ def clean_extensions():
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
 @pytest.mark.django_db(databases=["default", "workflows"])
-def test_the_code_blocks_of_a_page_run(page, registry, clean_extensions, mailoutbox, settings):
-    namespace: dict[str, object] = {"__name__": f"docs.{page.stem}"}
+def test_the_code_blocks_of_a_page_run(
+    page, registry, clean_extensions, mailoutbox, settings, monkeypatch
+):
+    # The page's code runs as a module that imports by its name, so that what it
+    # defines has a dotted path (a task step's function needs one).
+    module = types.ModuleType(f"kumiflow_docs_{page.stem.replace('-', '_')}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    if django.VERSION < (6, 0):  # the docs import django.tasks; 5.2 has the backport
+        monkeypatch.setitem(sys.modules, "django.tasks", importlib.import_module("django_tasks"))
+    namespace = module.__dict__
     for match in blocks(page):
         lang, code = match["lang"], match["code"]
         where = f"{page.name}: block starting {code.strip().splitlines()[0][:60]!r}"

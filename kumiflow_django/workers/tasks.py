@@ -88,8 +88,12 @@ class TaskLoop(Loop):
         worker_id: str | None = None,
         batch_size: int = 100,
         max_interval: float = 5.0,
+        every_backend: bool = False,
     ) -> None:
         super().__init__(batch_size=batch_size, max_interval=max_interval)
+        #: Run the attempts of Django Tasks backends here too, instead of handing
+        #: them to their backends (``run_until_idle``: a test runs every task itself).
+        self.every_backend = every_backend
         self.worker_id = worker_id or default_worker_id()
         size = settings.TASK_THREADS if threads is None else threads
         if size < 0:
@@ -139,7 +143,7 @@ class TaskLoop(Loop):
     def sweep(self, now: datetime) -> int:
         """Hand due attempts of Django Tasks backends that no job took to them again."""
         runner = runner_task()
-        if runner is None:
+        if runner is None or self.every_backend:
             return 0
         swept = backends.sweep(runner, now, self.batch_size)
         # A hand-off that fails (a backend that is down) is tried again later, not at once.
@@ -147,7 +151,9 @@ class TaskLoop(Loop):
         return swept.sent
 
     def _due(self, now: datetime, limit: int) -> list[uuid.UUID]:
-        due = StepTask.objects.due(now).filter(backend="")
+        due = StepTask.objects.due(now)
+        if not self.every_backend:
+            due = due.filter(backend="")
         if self.queues is not None:
             due = due.filter(queue__in=self.queues)
         return list(
@@ -283,7 +289,7 @@ class TaskLoop(Loop):
             StepTask.objects.aggregate(at=Min("lease_until"))["at"],
         ]
         if self._free() > 0:
-            due = pending.filter(backend="")
+            due = pending if self.every_backend else pending.filter(backend="")
             if self.queues is not None:
                 due = due.filter(queue__in=self.queues)
             moments.append(due.aggregate(at=Min("next_attempt_at"))["at"])
