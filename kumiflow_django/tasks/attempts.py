@@ -24,6 +24,7 @@ import logging
 import time
 import traceback
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,8 +34,8 @@ from django.db import IntegrityError
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
-from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.projections.tasks import StepTask, TaskStatus, append
+from kumiflow_django.projections.stream import Change, StaleRow, write
+from kumiflow_django.projections.tasks import TASKS, StepTask, TaskStatus, append, metadata
 from kumiflow_django.steps.task import import_function
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
@@ -109,17 +110,69 @@ def claim(task_id: uuid.UUID, *, worker: str, attempt: int | None = None) -> Att
             )
     except (IntegrityError, StaleRow):
         return None  # another worker claimed it first
+    return _attempt(task, now)
+
+
+def claim_due(
+    now: datetime,
+    *,
+    worker: str,
+    limit: int,
+    queues: Sequence[str] | None = None,
+    every_backend: bool = False,
+) -> list[Attempt]:
+    """Start the next attempt of up to ``limit`` due tasks of kumiflow's pool (of
+    ``queues``; of every backend too with ``every_backend``), earliest first, in
+    one transaction: rows another worker holds are skipped where the database
+    can, and a concurrent claim makes the whole batch a no-op (tried again)."""
+    due = StepTask.objects.due(now)
+    if not every_backend:
+        due = due.filter(backend="")
+    if queues is not None:
+        due = due.filter(queue__in=list(queues))
+    try:
+        with db.atomic():
+            rows = list(for_update(due.order_by("next_attempt_at")[:limit], skip_locked=True))
+            changes = []
+            for task in rows:
+                change = Change(
+                    TASKS,
+                    str(task.id),
+                    task.tenant_id,
+                    task,
+                    now=now,
+                    metadata=metadata(task.run_id),
+                )
+                number = task.attempt + 1
+                change.add(
+                    ev.TASK_ATTEMPT_STARTED,
+                    {
+                        "attempt": number,
+                        "worker": worker,
+                        "lease_until": isoformat(lease_until(task, now)),
+                    },
+                )
+                changes.append(change)
+            write(changes)
+    except (IntegrityError, StaleRow):
+        return []  # another worker claimed some of them first
+    return [_attempt(change.saved, now) for change in changes]
+
+
+def _attempt(task: StepTask, started: datetime) -> Attempt:
     context = TaskContext(
         task_id=task.id,
         run_id=task.run_id,
         tenant=task.tenant_id,
         step=task.step_path,
-        attempt=number,
-        started_at=now,
+        attempt=task.attempt,
+        started_at=started,
         timeout=task.timeout,
         heartbeat_timeout=task.heartbeat_timeout,
     )
-    return Attempt(task.id, number, task.function, task.args, context, tuple(task.non_retryable))
+    return Attempt(
+        task.id, task.attempt, task.function, task.args, context, tuple(task.non_retryable)
+    )
 
 
 @functools.cache

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Min
+from django.db.models import Min, QuerySet
 
 from kumiflow_django.conf import settings
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
@@ -150,37 +150,40 @@ class TaskLoop(Loop):
         self._sweep_stalled = swept.found > 0 and not swept.sent
         return swept.sent
 
-    def _due(self, now: datetime, limit: int) -> list[uuid.UUID]:
-        due = StepTask.objects.due(now)
-        if not self.every_backend:
-            due = due.filter(backend="")
-        if self.queues is not None:
-            due = due.filter(queue__in=self.queues)
-        return list(
-            due.order_by("-priority", "next_attempt_at").values_list("id", flat=True)[:limit]
-        )
-
     def claim(self, now: datetime) -> int:
-        """Claim as many due attempts as there are free threads, and start them."""
-        free = self._free()
-        if free <= 0:
+        """Claim as many due attempts as there are free threads (in one
+        transaction), and start them."""
+        free = min(self._free(), self.batch_size)
+        if free <= 0 or self.stopping:
             return 0
-        candidates = self._due(now, min(free * 2, self.batch_size))
-        claimed = 0
-        for task_id in candidates:
-            if claimed >= free or self.stopping:
-                break
-            try:
-                attempt = attempts.claim(task_id, worker=self.worker_id)
-            except Exception:
-                logger.exception("task %s: claiming its attempt failed; tried again later", task_id)
-                continue
-            if attempt is not None:
-                self._start(attempt)
-                claimed += 1
-        # Due work none of which could be claimed: pause before the next try.
-        self._stalled |= bool(candidates) and not claimed
-        return claimed
+        try:
+            claimed = attempts.claim_due(
+                now,
+                worker=self.worker_id,
+                limit=free,
+                queues=self.queues,
+                every_backend=self.every_backend,
+            )
+        except Exception:
+            logger.exception("tasks: claiming due attempts failed; tried again later")
+            self._stalled = True
+            return 0
+        for attempt in claimed:
+            self._start(attempt)
+        if not claimed and self._due_exists(now):
+            self._stalled = True  # due work none of which could be claimed: pause first
+        return len(claimed)
+
+    def _pending(self) -> QuerySet[StepTask, StepTask]:
+        pending = StepTask.objects.filter(status=TaskStatus.PENDING)
+        if not self.every_backend:
+            pending = pending.filter(backend="")
+        if self.queues is not None:
+            pending = pending.filter(queue__in=self.queues)
+        return pending
+
+    def _due_exists(self, now: datetime) -> bool:
+        return self._pending().filter(next_attempt_at__lte=now).exists()
 
     def _free(self) -> int:
         with self._pool.lock:
@@ -283,16 +286,12 @@ class TaskLoop(Loop):
         sweep = backends.next_sweep()
         if sweep is not None and self._sweep_stalled:
             sweep = max(sweep, clock.now() + timedelta(seconds=self.max_interval))
-        pending = StepTask.objects.filter(status=TaskStatus.PENDING)
         moments: list[datetime | None] = [
             sweep,
             StepTask.objects.aggregate(at=Min("lease_until"))["at"],
         ]
         if self._free() > 0:
-            due = pending if self.every_backend else pending.filter(backend="")
-            if self.queues is not None:
-                due = due.filter(queue__in=self.queues)
-            moments.append(due.aggregate(at=Min("next_attempt_at"))["at"])
+            moments.append(self._pending().aggregate(at=Min("next_attempt_at"))["at"])
         with self._pool.lock:
             deadlines = [f.deadline for f in self._pool.running.values() if not f.abandoned]
         if deadlines:
