@@ -49,6 +49,19 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Streams whose outcomes a run awaits from the very transaction that opened
+#: them (a task, an awaited delivery): the run waits before the outcome can be
+#: appended, so no run can begin waiting concurrently with it.
+SETTLED_AFTER_WAIT = frozenset({ev.TASK_STREAM, ev.DISPATCH_STREAM})
+
+
+def _settles_a_wait_only(event: Event) -> bool:
+    """An outcome of a task or an awaited delivery that no workflow awaits by its
+    own type: only the run that opened the stream waits for it, and it already
+    does (the after-commit check has nothing to find)."""
+    return event.stream_type in SETTLED_AFTER_WAIT and not registry.awaited_paths(event.type)
+
+
 def event_types_for(awaited: str) -> tuple[str, ...]:
     return ALIASES.get(awaited, (awaited,))
 
@@ -281,7 +294,7 @@ def wake_waiters(event: Event) -> None:
         else:
             for run_id in qs.values_list("id", flat=True):
                 mark_matched(run_id, event)
-    if not writers_serialized():
+    if not _settles_a_wait_only(event) and not writers_serialized():
         # robust: the appender's commit succeeded; a failing check must not
         # look like a failed commit to it (the resume loop finds the run later).
         db.on_commit(partial(_recheck_event, event))
