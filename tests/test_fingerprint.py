@@ -198,7 +198,32 @@ def every_kind():
             ),
             s.wait_for_event("order.confirmed", match={"stream_id": lambda ctx: "x"}),
             s.wait_for_event("order.closed", timeout=dt.timedelta(days=1)),
-            s.task("doubled_later", double),
+            s.task("doubled_later", double, compensate=[s.call(None, len, [1])]),
+            s.parallel(
+                "both",
+                {
+                    "left": [s.wait("PT1M"), s.compute("l", lambda ctx: 1)],
+                    "right": [s.wait_for_event("order.paid", match={"stream_id": "x"})],
+                },
+                join="any",
+            ),
+            s.for_each(
+                lambda ctx: [1, 2, 3],
+                "n",
+                do=[s.compute("per_item", lambda ctx: ctx.scope["n"])],
+                parallel=True,
+                max_concurrency=2,
+                name="items",
+            ),
+            s.child(
+                "sub",
+                "every-kind-child",
+                input=lambda ctx: {"n": 1},
+                idempotency_key=lambda ctx: "k",
+                on_failure="result",
+                on_parent_cancel="abandon",
+            ),
+            s.child("fire", "every-kind-child", wait=False),
             s.task(
                 "checked",
                 double,

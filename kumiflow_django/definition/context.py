@@ -59,6 +59,7 @@ class WakeReason(StrEnum):
     EVENT = "event"  # the awaited event came
     TIMEOUT = "timeout"  # the wait for an event timed out
     RETRY = "retry"  # a retry's backoff is over
+    CHILD = "child"  # a child run it waits for ended
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,33 @@ class TaskRequest:
     problem: str | None = None
 
 
+@dataclass(frozen=True)
+class ChildRequest:
+    """A child run a ``child`` step starts: created with the segment (its own
+    stream, linked to this run and to the root of its tree), run by the resume
+    loop after commit. With ``wait`` its end is reported to this run."""
+
+    id: uuid.UUID
+    workflow: str
+    version: str | None
+    payload: dict[str, Any]
+    idempotency_key: str | None
+    step: str
+    wait: bool
+    cancel_with_parent: bool
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """Something a branch that was cancelled (a ``parallel`` join met without it)
+    or a failed run leaves behind: its task, its child run, its awaited delivery."""
+
+    what: str  # "task", "child" or "dispatch"
+    id: str
+
+
 #: What a step can ask the segment to commit besides the run's own events.
-Effect = DispatchRequest | TaskRequest
+Effect = DispatchRequest | TaskRequest | ChildRequest | Cancellation
 
 
 class Context:
@@ -138,6 +164,12 @@ class Context:
         self.since_gaps = since_gaps
         #: Static paths of the steps this segment ran (for the admin's picture).
         self.trail: list[str] = []
+        #: The branch instance the steps run in (``""`` outside ``parallel``): it
+        #: scopes the state kept by step path, so two branches running the same
+        #: steps (items of a parallel ``for_each``) keep theirs apart.
+        self.branch = ""
+        #: Whether the run runs its compensations (steps completed then record none).
+        self.compensating = False
         #: Side effects the segment commits with the run (outbox requests, tasks).
         self.effects: list[Effect] = []
         self._attempts: list[int] = []
@@ -159,6 +191,11 @@ class Context:
     def clock(self) -> clock.Clock:
         return clock.get_clock()
 
+    def key(self, path: list[Any]) -> str:
+        """The state key of the step at ``path`` in the current branch instance."""
+        text = ".".join(str(p) for p in path)
+        return f"{self.branch}{text}" if self.branch else text
+
     def push_attempt(self, attempt: int) -> None:
         self._attempts.append(attempt)
 
@@ -166,16 +203,47 @@ class Context:
         self._attempts.pop()
 
 
+#: What a run's state holds (all keyed by ``Context.key`` of a step, but
+#: ``steps``, by step name, and ``settled``, by child run id):
+#: ``steps`` step results; ``loops`` for_each positions; ``retries`` retry
+#: attempts; ``consumed`` the last event each wait took; ``parallel`` the
+#: branches of parallel steps; ``children`` the child run each child step
+#: started; ``settled`` children that ended and were not yet taken;
+#: ``compensations`` completed steps with a compensation, in order.
+STATE_KEYS = (
+    "steps",
+    "loops",
+    "retries",
+    "consumed",
+    "parallel",
+    "children",
+    "settled",
+    "compensations",
+)
+
+
 def new_state() -> dict[str, Any]:
-    return {"steps": {}, "loops": {}, "retries": {}, "consumed": {}}
+    """A new run's state: the last four keys are added when first used."""
+    return {key: {} for key in STATE_KEYS[:4]}
+
+
+def state_part(state: dict[str, Any], key: str) -> Any:
+    """One part of a run's state, created when first used."""
+    part = state.get(key)
+    if part is None:
+        part = state[key] = [] if key == "compensations" else {}
+    return part
 
 
 def check_state(state: Any) -> dict[str, Any]:
     """``state`` if it has the shape the engine writes; ValueError otherwise."""
     if not isinstance(state, dict):
         raise ValueError("run state is not an object")
-    for key in ("steps", "loops", "retries", "consumed"):
-        if not isinstance(state.get(key), dict):
+    for key in STATE_KEYS:
+        expected = list if key == "compensations" else dict
+        if key in STATE_KEYS[4:] and key not in state:
+            continue  # created when first used
+        if not isinstance(state.get(key), expected):
             raise ValueError(f"run state has no valid {key!r}")
     for key, loop in state["loops"].items():
         if not (

@@ -26,11 +26,30 @@ from django.db import connections
 from django.db.models import F, Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
+from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 
 _TOP_LEVEL = ("stream_id", "stream_type")
 _ROOTS = ("payload", "metadata")
 _MISSING = object()
+
+
+#: Awaited "types" that stand for several event types: an awaited delivery
+#: settles as delivered or dead, a task as completed or failed.
+ALIASES: dict[str, tuple[str, ...]] = {
+    ev.SETTLED: ev.OUTCOME_TYPES,
+    ev.TASK_SETTLED: ev.TASK_OUTCOME_TYPES,
+}
+
+
+def event_types_for(awaited: str) -> tuple[str, ...]:
+    """The event types that satisfy a wait for ``awaited``."""
+    return ALIASES.get(awaited, (awaited,))
+
+
+def awaited_as(event_type: str) -> list[str]:
+    """The awaited types an event of ``event_type`` can satisfy."""
+    return [event_type, *(alias for alias, types in ALIASES.items() if event_type in types)]
 
 
 def check_path(path: Any) -> None:

@@ -23,6 +23,7 @@ class WorkflowRegistry:
         self._versions: dict[str, list[Workflow]] = {}
         self._by_event: dict[str, list[Workflow]] | None = None
         self._awaited: dict[str, list[tuple[str, ...]]] | None = None
+        self._in_branches: frozenset[str] = frozenset()
 
     def register(self, workflow: Workflow) -> None:
         versions = self._versions.setdefault(workflow.name, [])
@@ -76,11 +77,20 @@ class WorkflowRegistry:
         """The match path sets that waits for this event type use, in any version."""
         if self._awaited is None:
             index: dict[str, set[tuple[str, ...]]] = {}
+            in_branches: set[str] = set()
             for workflow in self.all_versions():
                 for awaited_type, path_sets in workflow.awaited.items():
                     index.setdefault(awaited_type, set()).update(path_sets)
+                in_branches |= workflow.awaited_in_branches
+            self._in_branches = frozenset(in_branches)
             self._awaited = {t: sorted(p) for t, p in index.items()}
         return self._awaited.get(event_type, [])
+
+    def awaited_in_branches(self, event_type: str) -> bool:
+        """Whether branches of some workflow (in any version) await this event type."""
+        if self._awaited is None:
+            self.awaited_paths(event_type)
+        return event_type in self._in_branches
 
     def handles_event_type(self, event_type: str) -> bool:
         """Whether a workflow starts on, or waits for, events of this type."""

@@ -9,7 +9,7 @@ extends the vocabulary without touching the engine.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -33,6 +33,24 @@ class Step:
             self, "children", MappingProxyType({k: tuple(v) for k, v in self.children.items()})
         )
 
+    def compensated_by(self, steps: Sequence[Step]) -> Step:
+        """This step, with steps that undo it if the run fails after it completed
+        (the builders' ``compensate=`` does the same)."""
+        return compensated(self, steps)
+
+
+def compensated(step: Step, steps: Sequence[Step] | None) -> Step:
+    """``step`` with ``steps`` as its compensation (``step`` itself when None)."""
+    if steps is None:
+        return step
+    if isinstance(steps, Step) or not isinstance(steps, Sequence):
+        raise ValueError("compensate must be a list of steps")
+    return Step(step.kind, step.name, step.args, {**step.children, COMPENSATE: tuple(steps)})
+
+
+#: The children label of a step's compensation.
+COMPENSATE = "compensate"
+
 
 class StepKind:
     """Base class of step kinds. Subclasses set ``kind`` and implement ``execute``."""
@@ -46,6 +64,8 @@ class StepKind:
     allowed_nested: ClassVar[bool] = True
     #: Whether the kind can suspend the run (the admin shows it as a wait).
     suspends: ClassVar[bool] = False
+    #: Whether a step of the kind may declare a compensation.
+    compensable: ClassVar[bool] = True
 
     def validate(self, step: Step) -> None:
         """Raise ValueError when the step's arguments are wrong (at definition time)."""

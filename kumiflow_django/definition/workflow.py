@@ -14,7 +14,15 @@ from typing import Any
 
 from kumiflow_django.definition.fingerprint import UnstableValue, canonical_value, fingerprint
 from kumiflow_django.definition.registry import registry
-from kumiflow_django.definition.step import Step, check_resolver, get_kind, path_text, step_at, walk
+from kumiflow_django.definition.step import (
+    COMPENSATE,
+    Step,
+    check_resolver,
+    get_kind,
+    path_text,
+    step_at,
+    walk,
+)
 from kumiflow_django.definition.triggers import TRIGGERS, CronTrigger, ManualTrigger, Trigger
 from kumiflow_django.store import limits
 from kumiflow_django.store.errors import WorkflowDefinitionError
@@ -34,18 +42,27 @@ class Workflow:
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
+    #: awaited event types that branches of a parallel step await (``RunWait``)
+    awaited_in_branches: set[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.fingerprint = fingerprint(self.canonical())
         self.awaited = {}
-        for _, step in walk(self.steps):
+        self.awaited_in_branches = set()
+        for path, step in walk(self.steps):
+            awaited = None
             if step.kind == "wait_for_event":
+                awaited = step.args["event_type"]
                 paths = tuple(sorted(step.args["match"]))
-                self.awaited.setdefault(step.args["event_type"], set()).add(paths)
+                self.awaited.setdefault(awaited, set()).add(paths)
             elif step.kind in ("mail_send", "webhook_send") and step.args.get("await_delivery"):
+                awaited = SETTLED
                 self.awaited.setdefault(SETTLED, set()).add(("stream_id",))
             elif step.kind == "task":
+                awaited = TASK_SETTLED
                 self.awaited.setdefault(TASK_SETTLED, set()).add(("stream_id",))
+            if awaited is not None and _in_branches(self.steps, path):
+                self.awaited_in_branches.add(awaited)
 
     def __repr__(self) -> str:
         version = f" v{self.version}" if self.version is not None else ""
@@ -101,6 +118,18 @@ MAX_PATH_LENGTH = limits.STEP_PATH
 MAX_NAME_LENGTH = limits.EVENT_TYPE
 
 
+def _in_branches(steps: tuple[Step, ...], path: tuple[Any, ...]) -> bool:
+    """Whether the step at ``path`` lies in a branch (of ``parallel`` or of a
+    parallel ``for_each``), where several waits of one run coexist."""
+    level: tuple[Step, ...] = steps
+    for depth in range(0, len(path) - 1, 2):
+        step = level[path[depth]]
+        if step.kind == "parallel" or (step.kind == "for_each" and step.args.get("parallel")):
+            return True
+        level = step.children[path[depth + 1]]
+    return False
+
+
 def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
     named: dict[str, tuple[Any, ...]] = {}
     for path, step in walk(steps):
@@ -121,6 +150,11 @@ def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
                 raise ValueError(f"{step.kind} is only allowed at the top level of a workflow")
             kind.validate(step)
             _check_name(step.name)
+            if COMPENSATE in step.children:
+                if not kind.compensable:
+                    raise ValueError(f"a {step.kind} step cannot have a compensation")
+                if not step.children[COMPENSATE]:
+                    raise ValueError("compensate needs at least one step")
         except (LookupError, ValueError, TypeError) as exc:
             raise WorkflowDefinitionError(
                 f"workflow {name!r}, step {where} ({step.kind}): {exc}"

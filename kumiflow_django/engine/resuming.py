@@ -28,12 +28,16 @@ from django.db.models import Q, QuerySet
 from kumiflow_django.conf import settings
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, check_state
+from kumiflow_django.definition.matching import awaited_as, event_types_for
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine import compensation
+from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute
-from kumiflow_django.engine.segment import Failure, Segment
+from kumiflow_django.engine.segment import Segment
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
+from kumiflow_django.projections.waits import RunWait
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update, is_transient
@@ -41,12 +45,6 @@ from kumiflow_django.store.models import Event
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
 logger = logging.getLogger("kumiflow_django.engine.resuming")
-
-#: Awaited "types" that stand for several event types.
-ALIASES: dict[str, tuple[str, ...]] = {
-    ev.SETTLED: ev.OUTCOME_TYPES,
-    ev.TASK_SETTLED: ev.TASK_OUTCOME_TYPES,
-}
 
 
 #: Streams whose outcomes a run awaits from the very transaction that opened
@@ -60,15 +58,6 @@ def _settles_a_wait_only(event: Event) -> bool:
     own type: only the run that opened the stream waits for it, and it already
     does (the after-commit check has nothing to find)."""
     return event.stream_type in SETTLED_AFTER_WAIT and not registry.awaited_paths(event.type)
-
-
-def event_types_for(awaited: str) -> tuple[str, ...]:
-    return ALIASES.get(awaited, (awaited,))
-
-
-def awaited_as(event_type: str) -> list[str]:
-    """The awaited types an event of ``event_type`` can satisfy."""
-    return [event_type, *(alias for alias, types in ALIASES.items() if event_type in types)]
 
 
 def lock_run(run_id: uuid.UUID, *, skip_locked: bool) -> WorkflowRun | None:
@@ -96,14 +85,16 @@ def resume_run(
         run = lock_run(run_id, skip_locked=skip_locked)
         if run is None or run.status not in SUSPENDED:
             return None
-        if expected_version is not None and run.version != expected_version:
-            return None
+        # A run that moved on since it was found due (a child reported, another
+        # worker resumed it) is resumed if it is still due; a takeover recorded
+        # from that older reading would be stale.
+        took_over = recovered if expected_version in (None, run.version) else None
         if wake is not None and wake.reason == WakeReason.EVENT:
             if wake.event is None or not satisfies(run, wake.event):
                 return None
         elif run.wake_at is None or run.wake_at > clock.now():
             return None
-        return opening(run, wake, recovered)
+        return opening(run, wake, took_over)
 
     updated = execute(prepare)
     if updated is not None:
@@ -121,6 +112,8 @@ def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
 
 
 def satisfies(run: WorkflowRun, event: Event) -> bool:
+    if run.status == RunStatus.WAITING and run.branch_waits:
+        return branch_satisfied(run, event)
     return (
         run.status == RunStatus.WAITING_EVENT
         and run.awaited_event_type in awaited_as(event.type)
@@ -128,6 +121,18 @@ def satisfies(run: WorkflowRun, event: Event) -> bool:
         and matching.after_cutoff(event.position, run.awaited_after or 0, awaited_gaps(run))
         and matching.matches(event, run.awaited_match or {})
     )
+
+
+def branch_satisfied(run: WorkflowRun, event: Event) -> bool:
+    """Whether ``event`` is one that a branch of the run awaits."""
+    if event.tenant_id != run.tenant_id:
+        return False
+    waits = RunWait.objects.filter(run_id=run.id, event_type__in=awaited_as(event.type))
+    for match, after in waits.values_list("match", "after"):
+        gaps = tuple(run.since_gaps or ()) if after == run.since_position else ()
+        if matching.after_cutoff(event.position, after, gaps) and matching.matches(event, match):
+            return True
+    return False
 
 
 def awaited_gaps(run: WorkflowRun) -> tuple[int, ...]:
@@ -213,7 +218,9 @@ def opening(
     try:
         state = check_state(copy.deepcopy(run.state))
         cursor = None if run.status == RunStatus.PENDING else run.cursor
-        if cursor is not None:
+        if cursor is not None and compensation.active(cursor):
+            compensation.check(workflow, cursor, state)
+        elif cursor is not None:
             workflow.step_at(cursor)
         elif run.status != RunStatus.PENDING:
             raise ValueError("a suspended run has no cursor")
@@ -244,7 +251,7 @@ def opening(
 
 def after_segment(run: WorkflowRun) -> None:
     """Tell the loops (after commit) about work a segment left behind."""
-    if run.status == RunStatus.WAITING_EVENT:
+    if run.status == RunStatus.WAITING_EVENT or run.branch_waits:
         recheck_after_commit(run)
     if run.wake_at is not None:
         work_committed(WorkKind.RESUME, run.wake_at, run.id)
@@ -254,23 +261,32 @@ def after_segment(run: WorkflowRun) -> None:
 
 
 def _waiting_query(event: Event) -> QuerySet[WorkflowRun, WorkflowRun] | None:
-    """Runs of the event's tenant that wait for an event like this one (or None)."""
+    """Runs of the event's tenant that wait for an event like this one (or None):
+    on their own row, or in a branch (``RunWait``)."""
     condition = None
+    branches = None
     for awaited in awaited_as(event.type):
         path_sets = registry.awaited_paths(awaited)
         keys = matching.keys_for_event(event, path_sets) if path_sets else []
         if keys:
             q = Q(awaited_event_type=awaited, correlation_key__in=keys)
             condition = q if condition is None else condition | q
-    if condition is None:
+            w = Q(event_type=awaited, correlation_key__in=keys)
+            branches = w if branches is None else branches | w
+    if condition is None or branches is None:
         return None
     # No cut-off in SQL: an event that commits late may have a position below
     # a run's cut-off and still count (a gap of its start); ``satisfies`` decides.
-    return (
-        WorkflowRun.objects.filter(condition)
-        .filter(tenant_id=event.tenant_id, status=RunStatus.WAITING_EVENT)
-        .order_by("started_at")
+    single = WorkflowRun.objects.filter(condition).filter(
+        tenant_id=event.tenant_id, status=RunStatus.WAITING_EVENT
     )
+    if not any(registry.awaited_in_branches(a) for a in awaited_as(event.type)):
+        return single.order_by("started_at")
+    in_branches = RunWait.objects.filter(branches, tenant_id=event.tenant_id).values("run_id")
+    runs = WorkflowRun.objects.filter(
+        Q(pk__in=single.values("pk")) | Q(pk__in=in_branches, status=RunStatus.WAITING)
+    )
+    return runs.order_by("started_at")
 
 
 def waiting_for(event: Event) -> list[uuid.UUID]:
@@ -363,9 +379,22 @@ def recheck_after_commit(run: WorkflowRun) -> None:
 
 
 def _recheck_run(run_id: uuid.UUID, version: int) -> None:
-    """After a suspension committed: look back once more for its event."""
+    """After a suspension committed: look back once more for its event (for
+    each of its branches' events)."""
     run = WorkflowRun.objects.filter(pk=run_id, version=version).first()
-    if run is None or run.status != RunStatus.WAITING_EVENT or run.matched_position is not None:
+    if run is None:
+        return
+    if run.status == RunStatus.WAITING and run.branch_waits:
+        waits = RunWait.objects.filter(run_id=run_id)
+        for event_type, match, after in waits.values_list("event_type", "match", "after"):
+            gaps = tuple(run.since_gaps or ()) if after == run.since_position else ()
+            types = event_types_for(event_type)
+            found = matching.lookback(run.tenant_id, types, match, after, gaps)
+            if found is not None:
+                _deliver(run_id, found)
+                return
+        return
+    if run.status != RunStatus.WAITING_EVENT or run.matched_position is not None:
         return
     found = lookback(run)
     if found is not None:

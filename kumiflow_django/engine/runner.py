@@ -32,7 +32,9 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import Trigger, Wake, WakeReason
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine.segment import Failure, Segment, advance
+from kumiflow_django.engine import compensation
+from kumiflow_django.engine.failure import Failure
+from kumiflow_django.engine.segment import Segment, advance
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db
@@ -114,7 +116,7 @@ def execute(prepare: Callable[[], Prepared]) -> WorkflowRun | None:
     except Failure as failure:  # a step failed: its segment was rolled back as a whole
         assert opening is not None
         logger.warning("run %s failed: %s", opening.run_id, failure)
-        return _record(opening, opening.first, (ev.RUN_FAILED, failure.payload()))
+        return _record(opening, opening.first, (ev.RUN_FAILED, failure.payload()), failure)
     except StaleRow:
         return None
     except Exception as exc:
@@ -149,10 +151,17 @@ def _run(opening: Opening) -> WorkflowRun:
 
 
 def _record(
-    opening: Opening, first: list[tuple[str, dict[str, Any]]], closing: tuple[str, dict[str, Any]]
+    opening: Opening,
+    first: list[tuple[str, dict[str, Any]]],
+    closing: tuple[str, dict[str, Any]],
+    failure: Failure | None = None,
 ) -> WorkflowRun | None:
     """Write ``first`` and ``closing`` in a transaction of their own, at the
-    version the segment began at; None if the run moved on meanwhile."""
+    version the segment began at; None if the run moved on meanwhile.
+
+    A run that fails after steps with compensations completed (in committed
+    segments) starts compensating instead (see ``engine.compensation``).
+    """
     try:
         with db.atomic():
             row = None
@@ -160,6 +169,8 @@ def _record(
                 row = for_update(WorkflowRun.objects.filter(pk=opening.run_id)).first()
                 if row is None or row.version != opening.version:
                     return None
+                if failure is not None:
+                    closing = compensation.start(row, failure) or closing
             segment = Segment(opening.run_id, opening.tenant, row)
             for type_, payload in [*first, closing]:
                 segment.add(type_, dict(payload))

@@ -14,30 +14,45 @@ import contextvars
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.context import (
+    Cancellation,
+    ChildRequest,
     Context,
     DispatchRequest,
     RunInfo,
     TaskRequest,
     Trigger,
     Wake,
+    state_part,
 )
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine import children, compensation
+from kumiflow_django.engine.failure import Failure
 from kumiflow_django.outbox.requests import opened
 from kumiflow_django.projections.dispatches import DispatchStatus
-from kumiflow_django.projections.runs import RUNS, WorkflowRun
+from kumiflow_django.projections.runs import FINISHED, RUNS, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import Change, write
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.projections.tasks import opened as open_tasks
-from kumiflow_django.steps.control import EventWait, ReturnValue, StepError, Suspend, TimerWait
+from kumiflow_django.projections.waits import sync as sync_waits
+from kumiflow_django.projections.waits import waits_of
+from kumiflow_django.steps.control import (
+    BranchesWait,
+    ChildWait,
+    EventWait,
+    ReturnValue,
+    StepError,
+    Suspend,
+    TimerWait,
+)
 from kumiflow_django.steps.runner import run_steps
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, limits
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.errors import InvalidEvent
@@ -56,30 +71,6 @@ def current_depth() -> int:
     return _depth.get()
 
 
-@dataclass
-class Failure(Exception):
-    """A segment failed; the run ends failed with this reason and text."""
-
-    reason: str
-    error: str
-    cursor: list[Any] | None = None
-    trail: list[str] | None = None
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.error}"
-
-    def payload(self) -> dict[str, Any]:
-        """The ``run-failed`` event's payload."""
-        payload: dict[str, Any] = {
-            "error": clean_text(self.error, 2000),
-            "reason": self.reason,
-            "trail": self.trail or [],
-        }
-        if self.cursor is not None:
-            payload["cursor"] = self.cursor
-        return payload
-
-
 class Segment:
     """The events of one run's segment and the rows they become."""
 
@@ -90,6 +81,10 @@ class Segment:
             run.lease_owner, run.lease_until = "", None
         self.dispatches: list[Change[Any]] = []
         self.tasks: list[Change[StepTask]] = []
+        self.children: list[Change[WorkflowRun]] = []
+        self.cancellations: list[Cancellation] = []
+        self.had_waits = run is not None and run.branch_waits > 0
+        self.was_finished = run is not None and run.status in FINISHED
 
     def add(self, type_: str, payload: dict[str, Any]) -> Event:
         return self.run.add(type_, payload)
@@ -99,17 +94,43 @@ class Segment:
         return self.run.saved
 
     def add_effects(self, ctx: Context) -> None:
-        """Open the streams of what the steps asked for: outbox requests, tasks."""
+        """Open the streams of what the steps asked for: outbox requests, tasks,
+        child runs; keep what cancelled branches left for after the write."""
+        if not ctx.effects:
+            return
         tenant, run_id, now = ctx.tenant, ctx.run.id, self.run.now
         requests = [e for e in ctx.effects if isinstance(e, DispatchRequest)]
         tasks = [e for e in ctx.effects if isinstance(e, TaskRequest)]
         self.dispatches += opened(requests, tenant=tenant, run_id=run_id, now=now)
         self.tasks += open_tasks(tasks, tenant=tenant, run_id=run_id, now=now)
+        kids = [e for e in ctx.effects if isinstance(e, ChildRequest)]
+        if kids:
+            try:
+                changes, settled = children.started(kids, self.row, now=now)
+            except children.ChildStartRefused as exc:
+                raise Failure(ev.CHILD_FAILED_REASON, str(exc), None, _trail(ctx)) from exc
+            self.children += changes
+            if settled:  # keyed children that had ended already: their outcomes
+                state_part(ctx.state, "settled").update(settled)
+        self.cancellations += [e for e in ctx.effects if isinstance(e, Cancellation)]
 
     def write(self) -> WorkflowRun:
-        """Write the segment (events, run row, outbox and task rows) and announce
-        its events; after commit, the loops learn of the new work."""
-        write([self.run, *self.dispatches, *self.tasks])
+        """Write the segment (events, run row, outbox, task and child rows) and
+        announce its events; after commit, the loops learn of the new work."""
+        write([self.run, *self.dispatches, *self.tasks, *self.children])
+        row = self.row
+        if self.had_waits or row.branch_waits:
+            last = self.run.events[-1] if self.run.events else None
+            waits = waits_of(last) if last is not None else []
+            sync_waits(row.id, row.tenant_id, waits, had=self.had_waits)
+        if self.cancellations:
+            children.cancel(row, self.cancellations)
+        ended = row.status in FINISHED and not self.was_finished
+        if ended or (self.run.events and self.run.events[-1].type == ev.COMPENSATION_STARTED):
+            cancelled = row.status == RunStatus.CANCELLED or (
+                (row.state or {}).get("compensating", {}).get("then") == "cancelled"
+            )
+            children.after_end(row, cancelled=cancelled)
         if any(d.saved.status == DispatchStatus.PENDING for d in self.dispatches):
             work_committed(WorkKind.DISPATCH)
         for change in self.tasks:
@@ -118,7 +139,8 @@ class Segment:
                 # A backend's task is handed to it after commit; the pool's wakes the loop.
                 item = task.id if task.backend else None
                 work_committed(WorkKind.TASK, run_id=task.run_id, item=item)
-        return self.row
+        children.announce(self.children)
+        return row
 
 
 def run_info(run: WorkflowRun) -> RunInfo:
@@ -156,9 +178,14 @@ def advance(
         since_gaps=tuple(run.since_gaps or ()),
     )
     token = _depth.set(_depth.get() + 1)
+    compensating = compensation.active(cursor)
     try:
-        run_steps(workflow.steps, ctx, [], cursor)
+        if compensating:
+            compensation.run(workflow, ctx, cursor or [])
+        else:
+            run_steps(workflow.steps, ctx, [], cursor)
     except Suspend as suspend:
+        state.pop("woken", None)
         segment.add_effects(ctx)
         _suspend(segment, ctx, suspend)
         return
@@ -168,6 +195,7 @@ def advance(
         segment.add(ev.RUN_COMPLETED, {"result": result, "trail": _trail(ctx)})
         return
     except StepError as failure:
+        state.pop("woken", None)
         if is_transient(failure.error):
             raise failure.error from failure
         logger.warning(
@@ -178,12 +206,23 @@ def advance(
         )
         # An error may name its own reason (a task step's task that failed for good).
         reason = getattr(failure.error, "run_failure_reason", ev.STEP_FAILED)
+        if compensating:  # a compensation failed: the run ends failed, saying so
+            error = failure.describe()
+            raise compensation.failed(state, error, failure.path, _trail(ctx)) from failure
         raise Failure(
-            reason, clean_text(failure.describe(), 1000), failure.path, _trail(ctx)
+            reason,
+            clean_text(failure.describe(), 1000),
+            failure.path,
+            _trail(ctx),
+            compensable=True,
         ) from failure
     finally:
         _depth.reset(token)
+    state.pop("woken", None)
     segment.add_effects(ctx)
+    if compensating:
+        segment.add(*compensation.ended(state, _trail(ctx)))
+        return
     segment.add(ev.RUN_COMPLETED, {"result": None, "trail": _trail(ctx)})
 
 
@@ -221,6 +260,21 @@ def _state(ctx: Context, suspend: Suspend) -> dict[str, Any]:
     return state
 
 
+def _iso(when: datetime | None) -> str | None:
+    return isoformat(when) if when is not None else None
+
+
+def _branch_wait(branch: str, wait: EventWait) -> dict[str, Any]:
+    """One event a branch awaits, as the run's ``RunWait`` rows index it."""
+    return {
+        "branch": branch[: limits.STEP_PATH],
+        "event_type": wait.event_type,
+        "correlation_key": wait.correlation_key,
+        "match": wait.match,
+        "after": wait.after,
+    }
+
+
 def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
     payload: dict[str, Any] = {
         "cursor": suspend.cursor,
@@ -228,7 +282,32 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
         "trail": _trail(ctx),
     }
     wait = suspend.wait
-    if isinstance(wait, TimerWait):
+    if isinstance(wait, ChildWait | BranchesWait):
+        awaited = [wait.child_id] if isinstance(wait, ChildWait) else list(wait.children)
+        settled = payload["state"].get("settled") or {}
+        # A child that ended already (a keyed one): the run goes on at once.
+        due = ctx.now if any(child in settled for child in awaited) else None
+        if isinstance(wait, ChildWait):
+            segment.add(
+                ev.STEP_WAITING_FOR_CHILD,
+                payload | {"child_id": wait.child_id, "wake_at": _iso(due)},
+            )
+        else:
+            when = (
+                min(w for w in (wait.wake_at, due) if w is not None)
+                if (wait.wake_at or due)
+                else None
+            )
+            segment.add(
+                ev.STEP_WAITING_BRANCHES,
+                payload
+                | {
+                    "wake_at": _iso(when),
+                    "waits": [_branch_wait(branch, w) for branch, w in wait.events],
+                    "children": awaited,
+                },
+            )
+    elif isinstance(wait, TimerWait):
         segment.add(ev.STEP_WAITING, payload | {"wake_at": isoformat(wait.wake_at)})
     elif isinstance(wait, EventWait):
         segment.add(

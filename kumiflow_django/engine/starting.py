@@ -20,9 +20,10 @@ from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, Wake
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.triggers import EventTrigger
 from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.resuming import after_segment, writers_serialized
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute, keyed_run
-from kumiflow_django.engine.segment import Failure, current_depth
+from kumiflow_django.engine.segment import current_depth
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import db, limits
 from kumiflow_django.store import names as ev

@@ -35,6 +35,12 @@ class RunStatus(models.TextChoices):
     CANCELLED = "cancelled", _("cancelled")
 
 
+class Compensation(models.TextChoices):
+    RUNNING = "running", _("compensating")
+    COMPENSATED = "compensated", _("compensated")
+    FAILED = "compensation_failed", _("compensation failed")
+
+
 #: A run in one of these states continues when its ``wake_at`` has come.
 SUSPENDED = (
     RunStatus.PENDING,
@@ -43,6 +49,9 @@ SUSPENDED = (
     RunStatus.RETRY_SCHEDULED,
 )
 FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+#: The cursor of a run that runs its compensations: ``[COMPENSATE, k, ...]``
+#: is the k-th compensation (the last completed step's first).
+COMPENSATE = "$compensate"
 
 
 class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
@@ -109,6 +118,22 @@ class WorkflowRun(models.Model):
     recoveries = models.PositiveIntegerField(_("stalled recoveries"), default=0)
     # Operational, not projected from the log: which worker is running the
     # run's next segment, until when. Cleared when the segment commits.
+    # A child run: the run that started it (its parent), the first run of its
+    # tree (its root), the parent's step, whether the parent waits for its end,
+    # and whether cancelling the parent cancels it.
+    parent_id = models.UUIDField(_("parent run"), null=True, blank=True)
+    root_id = models.UUIDField(_("root run"), null=True, blank=True)
+    parent_step = models.CharField(_("parent step"), max_length=limits.STEP_PATH, blank=True)
+    parent_waits = models.BooleanField(_("parent waits"), default=False)
+    cancel_with_parent = models.BooleanField(_("cancelled with its parent"), default=True)
+    #: How many parents the run has (0: a root run).
+    depth = models.PositiveSmallIntegerField(_("depth in its tree"), default=0)
+    #: Events the run's branches await (``RunWait`` rows), when it waits in branches.
+    branch_waits = models.PositiveIntegerField(_("branch waits"), default=0)
+    #: Compensation after a failure or cancel: running, compensated or failed.
+    compensation = models.CharField(
+        _("compensation"), max_length=20, choices=Compensation.choices, blank=True
+    )
     lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
     lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"))
@@ -148,6 +173,8 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-started_at"], name="kumiflow_run_started_idx"),
             models.Index(fields=["workflow", "status"], name="kumiflow_run_workflow_idx"),
             models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
+            # A run's children (the admin's list, cancel cascades).
+            models.Index(fields=["parent_id"], name="kumiflow_run_parent_idx"),
         ]
 
     def __str__(self) -> str:
@@ -174,6 +201,7 @@ def _merge_trail(run: WorkflowRun, payload: dict[str, Any]) -> None:
 
 def _clear_wait(run: WorkflowRun) -> None:
     run.wake_at = None
+    run.branch_waits = 0
     run.awaited_event_type = ""
     run.correlation_key = ""
     run.awaited_match = None
@@ -213,6 +241,14 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
             started_at=event.created_at,
             version=0,
         )
+        parent = p.get("parent")
+        if parent:
+            run.parent_id = uuid.UUID(parent["id"])
+            run.root_id = uuid.UUID(parent["root"])
+            run.parent_step = parent.get("step", "")
+            run.parent_waits = bool(parent.get("wait"))
+            run.cancel_with_parent = bool(parent.get("cancel_with_parent", True))
+            run.depth = int(parent.get("depth", 1))
     if run is None:
         raise ValueError(f"event {event.type} at version {event.version} precedes run-started")
     run.version = event.version
@@ -238,11 +274,38 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
             run.wake_at = _instant(p["wake_at"])
             run.attempt = p["attempt"]
             run.last_error = p["error"]
+    elif event.type in (ev.STEP_WAITING_FOR_CHILD, ev.STEP_WAITING_BRANCHES):
+        _clear_wait(run)
+        run.cursor = p["cursor"]
+        run.state = p["state"]
+        _merge_trail(run, p)
+        run.status = RunStatus.WAITING
+        run.wake_at = _instant(p.get("wake_at"))
+        run.branch_waits = len(p.get("waits") or ())
+    elif event.type == ev.CHILD_SETTLED:
+        settled = dict(run.state.get("settled") or {})
+        settled[p["child_id"]] = {k: v for k, v in p.items() if k != "child_id"}
+        run.state = {**run.state, "settled": settled}
+        if run.status in SUSPENDED:
+            run.wake_at = min(run.wake_at or event.created_at, event.created_at)
+    elif event.type == ev.COMPENSATION_STARTED:
+        _clear_wait(run)
+        run.status = RunStatus.WAITING
+        run.wake_at = event.created_at
+        run.cursor = [COMPENSATE, 0]
+        state = p.get("state") or run.state
+        run.state = {**state, "compensating": {k: p.get(k) for k in ("reason", "error", "then")}}
+        run.compensation = Compensation.RUNNING
+        run.last_error = p.get("error", "")
+        run.reason = p.get("reason", "")
+        _merge_trail(run, p)
     elif event.type == ev.EVENT_MATCHED:
         run.matched_position = p["event"]["position"]
         run.wake_at = event.created_at
     elif event.type == ev.RUN_WOKEN:
         run.wake_at = event.created_at
+        if run.state.get("parallel"):  # every branch's wait is over, not only the run's
+            run.state = {**run.state, "woken": True}
     elif event.type == ev.STEP_RESUMED:
         _clear_wait(run)
         run.status = RunStatus.RUNNING
@@ -262,6 +325,8 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.last_error = p["error"]
         run.reason = p.get("reason", "")
         run.finished_at = event.created_at
+        if p.get("compensation"):
+            run.compensation = p["compensation"]
         _merge_trail(run, p)
     elif event.type == ev.RUN_CANCELLED:
         _clear_wait(run)
@@ -269,6 +334,8 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.reason = "cancelled"
         run.last_error = p.get("reason", "")
         run.finished_at = event.created_at
+        if p.get("compensation"):
+            run.compensation = p["compensation"]
     elif event.type == ev.RUN_RETRIED:
         restore = p["restore"]
         _clear_wait(run)

@@ -13,10 +13,12 @@ from kumiflow_django.definition.step import Step, StepKind, register_step_kind, 
 from kumiflow_django.steps.append_event import append_event
 from kumiflow_django.steps.branch import branch
 from kumiflow_django.steps.call import call, handler
+from kumiflow_django.steps.child import ChildFailed, child
 from kumiflow_django.steps.compute import compute
 from kumiflow_django.steps.for_each import for_each
 from kumiflow_django.steps.mail import mail_send
 from kumiflow_django.steps.model import StaleVersion, model
+from kumiflow_django.steps.parallel import parallel
 from kumiflow_django.steps.read import read
 from kumiflow_django.steps.retry import retry
 from kumiflow_django.steps.return_ import return_
@@ -32,11 +34,14 @@ __all__ = [
     "append_event",
     "branch",
     "call",
+    "child",
+    "ChildFailed",
     "compute",
     "for_each",
     "handler",
     "mail_send",
     "model",
+    "parallel",
     "read",
     "register_step_kind",
     "resolve",

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kumiflow_django.definition.context import Context
-from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.step import (
+    Resolver,
+    Step,
+    StepKind,
+    compensated,
+    register_step_kind,
+    resolve,
+)
 from kumiflow_django.store.log import append_event as append
 from kumiflow_django.store.log import check_event_type, check_text
 
@@ -51,6 +59,7 @@ def append_event(
     stream_type: str = "",
     expected_version: Resolver = None,
     name: str | None = None,
+    compensate: Sequence[Step] | None = None,
 ) -> Step:
     """Append a domain event (it may start or wake other workflows)."""
     args = {
@@ -60,7 +69,7 @@ def append_event(
         "stream_type": stream_type,
         "expected_version": expected_version,
     }
-    return Step("append_event", name, args)
+    return compensated(Step("append_event", name, args), compensate)
 
 
 register_step_kind(AppendEventKind())

@@ -7,11 +7,18 @@ crashes is rolled back and runs again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kumiflow_django.definition.context import Context
-from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.step import (
+    Resolver,
+    Step,
+    StepKind,
+    compensated,
+    register_step_kind,
+    resolve,
+)
 from kumiflow_django.store.registry import Registry
 
 Handler = Callable[[Any], Any]
@@ -67,10 +74,16 @@ class CallKind(StepKind):
         return f"call {label}"
 
 
-def call(name: str | None, handler: str | Handler, payload: Resolver = None) -> Step:
+def call(
+    name: str | None,
+    handler: str | Handler,
+    payload: Resolver = None,
+    *,
+    compensate: Sequence[Step] | None = None,
+) -> Step:
     """Call ``handler`` (a registered name or a function) with the resolved
     ``payload``; its return value is stored under ``name``."""
-    return Step("call", name, {"handler": handler, "payload": payload})
+    return compensated(Step("call", name, {"handler": handler, "payload": payload}), compensate)
 
 
 register_step_kind(CallKind())

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kumiflow_django.definition.context import Context
-from kumiflow_django.definition.step import Step, StepKind, check_resolver, register_step_kind
+from kumiflow_django.definition.step import (
+    Step,
+    StepKind,
+    check_resolver,
+    compensated,
+    register_step_kind,
+)
 
 
 class ComputeKind(StepKind):
@@ -22,9 +29,9 @@ class ComputeKind(StepKind):
         return step.args["fn"](ctx)
 
 
-def compute(name: str, fn: Any) -> Step:
+def compute(name: str, fn: Any, *, compensate: Sequence[Step] | None = None) -> Step:
     """Store ``fn(ctx)`` in ``ctx.steps[name]``."""
-    return Step("compute", name, {"fn": fn})
+    return compensated(Step("compute", name, {"fn": fn}), compensate)
 
 
 register_step_kind(ComputeKind())

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kumiflow_django.definition.durations import isoformat, parse_instant
 from kumiflow_django.definition.step import path_text
 
 
@@ -48,7 +49,68 @@ class RetryWait:
     error: str
 
 
-Wait = TimerWait | EventWait | RetryWait
+@dataclass(frozen=True)
+class ChildWait:
+    """Wake the run when its child run ``child_id`` ends (``child``)."""
+
+    child_id: str
+
+
+@dataclass(frozen=True)
+class BranchesWait:
+    """Branches of a ``parallel`` step (or of a parallel ``for_each``) wait, each
+    for its own thing: the run is due at ``wake_at`` (the earliest timer, retry
+    or timeout among them), when an event one of them awaits comes (``events``,
+    with the branch that awaits each), or when a child one of them awaits ends."""
+
+    wake_at: datetime | None
+    events: tuple[tuple[str, EventWait], ...]
+    children: tuple[str, ...] = ()
+
+
+Wait = TimerWait | EventWait | RetryWait | ChildWait | BranchesWait
+
+
+def wait_data(wait: Wait) -> dict[str, Any]:
+    """A wait as the run's state keeps it (a branch's wait)."""
+    if isinstance(wait, TimerWait):
+        return {"kind": "timer", "wake_at": isoformat(wait.wake_at)}
+    if isinstance(wait, RetryWait):
+        return {"kind": "retry", "wake_at": isoformat(wait.wake_at)}
+    if isinstance(wait, EventWait):
+        return {
+            "kind": "event",
+            "event_type": wait.event_type,
+            "match": wait.match,
+            "correlation_key": wait.correlation_key,
+            "timeout_at": isoformat(wait.timeout_at) if wait.timeout_at else None,
+            "after": wait.after,
+        }
+    if isinstance(wait, ChildWait):
+        return {"kind": "child", "child_id": wait.child_id}
+    return {
+        "kind": "branches",
+        "wake_at": isoformat(wait.wake_at) if wait.wake_at else None,
+        "events": [[branch, wait_data(e)] for branch, e in wait.events],
+        "children": list(wait.children),
+    }
+
+
+def event_wait(data: dict[str, Any]) -> EventWait:
+    timeout = data.get("timeout_at")
+    return EventWait(
+        event_type=data["event_type"],
+        match=data["match"],
+        correlation_key=data["correlation_key"],
+        timeout_at=parse_instant(timeout) if timeout else None,
+        after=int(data["after"]),
+    )
+
+
+def deadline(data: dict[str, Any]) -> datetime | None:
+    """When a branch's wait is over by the clock alone (None: only by an event or a child)."""
+    when = data.get("timeout_at") if data["kind"] == "event" else data.get("wake_at")
+    return parse_instant(when) if when else None
 
 
 class Suspend(Exception):  # noqa: N818 - control flow, not an error

@@ -7,11 +7,18 @@ dispatch loop delivers it after commit through Django's email backend.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kumiflow_django.definition.context import Context
-from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.step import (
+    Resolver,
+    Step,
+    StepKind,
+    compensated,
+    register_step_kind,
+    resolve,
+)
 from kumiflow_django.steps.dispatch import delivery_result, request
 
 
@@ -63,6 +70,7 @@ def mail_send(
     retry: Mapping[str, Any] | None = None,
     await_delivery: bool = False,
     name: str | None = None,
+    compensate: Sequence[Step] | None = None,
 ) -> Step:
     """Request an email. ``retry`` overrides ``KUMIFLOW_DISPATCH_RETRY`` for it;
     ``await_delivery=True`` suspends the run until it is delivered or dead, and
@@ -80,7 +88,7 @@ def mail_send(
         "retry": dict(retry) if retry else None,
         "await_delivery": await_delivery,
     }
-    return Step("mail_send", name, args)
+    return compensated(Step("mail_send", name, args), compensate)
 
 
 register_step_kind(MailSendKind())

@@ -7,6 +7,7 @@ lock: it changes the row only if the version is still the expected one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,7 +15,14 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import F
 
 from kumiflow_django.definition.context import Context
-from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.step import (
+    Resolver,
+    Step,
+    StepKind,
+    compensated,
+    register_step_kind,
+    resolve,
+)
 from kumiflow_django.steps._models import ModelRef, apply_filter, check_model_ref, get_model, row
 
 
@@ -91,9 +99,15 @@ class DeleteKind(_ModelKind):
         return {"deleted": deleted}
 
 
-def create(name: str | None, model: ModelRef, values: Resolver) -> Step:
+def create(
+    name: str | None,
+    model: ModelRef,
+    values: Resolver,
+    *,
+    compensate: Sequence[Step] | None = None,
+) -> Step:
     """Create a row (``save()`` and its signals run); its fields are the result."""
-    return Step("model.create", name, {"model": model, "values": values})
+    return compensated(Step("model.create", name, {"model": model, "values": values}), compensate)
 
 
 def update(
@@ -104,6 +118,7 @@ def update(
     *,
     version_field: str | None = None,
     expected_version: Resolver = None,
+    compensate: Sequence[Step] | None = None,
 ) -> Step:
     """Update one row by primary key with ``QuerySet.update()`` (no ``save()``
     signals). With ``version_field`` it changes the row only while that field
@@ -115,17 +130,31 @@ def update(
         "version_field": version_field,
         "expected_version": expected_version,
     }
-    return Step("model.update", name, args)
+    return compensated(Step("model.update", name, args), compensate)
 
 
-def upsert(name: str | None, model: ModelRef, lookup: Resolver, values: Resolver) -> Step:
+def upsert(
+    name: str | None,
+    model: ModelRef,
+    lookup: Resolver,
+    values: Resolver,
+    *,
+    compensate: Sequence[Step] | None = None,
+) -> Step:
     """Insert or update the row found by ``lookup``: for read-model tables."""
-    return Step("model.upsert", name, {"model": model, "lookup": lookup, "values": values})
+    step = Step("model.upsert", name, {"model": model, "lookup": lookup, "values": values})
+    return compensated(step, compensate)
 
 
-def delete(name: str | None, model: ModelRef, lookup: Resolver) -> Step:
+def delete(
+    name: str | None,
+    model: ModelRef,
+    lookup: Resolver,
+    *,
+    compensate: Sequence[Step] | None = None,
+) -> Step:
     """Delete the rows matching ``lookup`` (a dict or a ``Q``)."""
-    return Step("model.delete", name, {"model": model, "lookup": lookup})
+    return compensated(Step("model.delete", name, {"model": model, "lookup": lookup}), compensate)
 
 
 model = SimpleNamespace(create=create, update=update, upsert=upsert, delete=delete)

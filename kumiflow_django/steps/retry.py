@@ -16,10 +16,20 @@ from typing import Any
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import Context
 from kumiflow_django.definition.durations import parse_duration
-from kumiflow_django.definition.step import Step, StepKind, path_text, register_step_kind
+from kumiflow_django.definition.step import Step, StepKind, register_step_kind
 from kumiflow_django.steps.control import RetryWait, StepError, Suspend
 from kumiflow_django.steps.runner import run_steps
 from kumiflow_django.store import db
+
+
+def restore(state: dict[str, Any], name: str, value: Any) -> None:
+    """Put one part of the run's state back as it was (in place: steps hold it)."""
+    part = state[name]
+    if isinstance(part, list):
+        part[:] = value or []
+    else:
+        part.clear()
+        part.update(value or {})
 
 
 class RetryKind(StepKind):
@@ -37,7 +47,7 @@ class RetryKind(StepKind):
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         policy = _policy(step)
-        key = path_text(path)
+        key = ctx.key(path)
         retries = ctx.state["retries"]
         inner: list[Any] | None = None
         if resume is None:
@@ -60,9 +70,9 @@ class RetryKind(StepKind):
         except StepError as failure:
             if not isinstance(failure.error, step.args["on"]) or attempt >= policy.attempts:
                 raise
-            for name, value in saved.items():
-                ctx.state[name].clear()
-                ctx.state[name].update(value)
+            for name in list(ctx.state):
+                if name != "retries":
+                    restore(ctx.state, name, saved.get(name))
             for nested in [k for k in retries if k.startswith(key + ".")]:
                 del retries[nested]
             del ctx.effects[effects:]

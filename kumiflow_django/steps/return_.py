@@ -14,6 +14,7 @@ class ReturnKind(StepKind):
     resolver_args = ("value",)
     stores_result = False
     allowed_nested = False
+    compensable = False
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         raise ReturnValue(resolve(step.args["value"], ctx))

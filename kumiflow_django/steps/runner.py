@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kumiflow_django.definition.context import Context
+from kumiflow_django.definition.context import Context, state_part
 from kumiflow_django.definition.step import Step, get_kind, path_text
 from kumiflow_django.steps.control import ReturnValue, StepError, Suspend
 from kumiflow_django.store.errors import InvalidEvent
@@ -40,6 +40,15 @@ def run_steps(
             raise StepError(path, step.kind, step.name, exc) from exc
         if step.name is not None and kind.stores_result:
             ctx.steps[step.name] = json_result(result, step, path)
+        if "compensate" in step.children and not ctx.compensating:
+            # Undone, last first, if the run fails later (engine.compensation).
+            state_part(ctx.state, "compensations").append(
+                {
+                    "path": path,
+                    "scope": to_json(dict(ctx.scope), "the loop scope"),
+                    "branch": ctx.branch,
+                }
+            )
         ctx.trail.append(path_text(path))
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +31,7 @@ from kumiflow_django.definition.step import (
     Step,
     StepKind,
     check_resolver,
+    compensated,
     path_text,
     register_step_kind,
     resolve,
@@ -273,6 +274,7 @@ def task(
     non_retryable: tuple[type[BaseException], ...] = (),
     queue: str | None = None,
     on_error: str = "fail",
+    compensate: Sequence[Step] | None = None,
 ) -> Step:
     """Run ``fn`` outside the transaction; its JSON return value is the step's result.
 
@@ -285,7 +287,7 @@ def task(
     ``non_retryable`` fail the task at once. ``on_error="result"`` gives the
     step ``{"ok": ..., ...}`` instead of failing the run.
     """
-    return Step(
+    step = Step(
         "task",
         name,
         {
@@ -299,6 +301,7 @@ def task(
             "on_error": on_error,
         },
     )
+    return compensated(step, compensate)
 
 
 register_step_kind(TaskKind())

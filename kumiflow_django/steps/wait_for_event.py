@@ -47,21 +47,24 @@ class WaitForEventKind(StepKind):
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         event_type = step.args["event_type"]
         consumed = ctx.state["consumed"]
+        # Sequential waits of one branch take events one after the other; each
+        # branch of a parallel step keeps its own count.
+        taken = f"{ctx.branch}{event_type}" if ctx.branch else event_type
         if resume is not None:
             wake = ctx.wake
             if wake is not None and wake.reason == WakeReason.EVENT and wake.event is not None:
-                consumed[event_type] = wake.event.position
+                consumed[taken] = wake.event.position
                 return matching.event_result(wake.event)
             return matching.timeout_result(event_type)
         values = {
             p: to_json(resolve(v, ctx), f"match value of {p!r}")
             for p, v in step.args["match"].items()
         }
-        after = max(ctx.since_position, consumed.get(event_type, 0))
+        after = max(ctx.since_position, consumed.get(taken, 0))
         gaps = ctx.since_gaps if after == ctx.since_position else ()
         found = matching.lookback(ctx.tenant, (event_type,), values, after, gaps)
         if found is not None:
-            consumed[event_type] = found.position
+            consumed[taken] = found.position
             return matching.event_result(found)
         timeout = step.args["timeout"]
         timeout_at = None if timeout is None else to_deadline(resolve(timeout, ctx), ctx.now)

@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kumiflow_django.definition.context import Context
-from kumiflow_django.definition.step import Resolver, Step, StepKind, register_step_kind, resolve
+from kumiflow_django.definition.step import (
+    Resolver,
+    Step,
+    StepKind,
+    compensated,
+    register_step_kind,
+    resolve,
+)
 from kumiflow_django.steps.dispatch import delivery_result, request
 
 
@@ -69,6 +76,7 @@ def webhook_send(
     await_delivery: bool = False,
     response_headers: Sequence[str] | None = None,
     name: str | None = None,
+    compensate: Sequence[Step] | None = None,
 ) -> Step:
     """Request an HTTP call with a JSON ``body``. ``secret`` names an entry of
     ``KUMIFLOW_WEBHOOK_SECRETS`` used to sign it; ``timeout`` is (connect,
@@ -99,7 +107,7 @@ def webhook_send(
         args["response_headers"] = tuple(response_headers)
     if body is not _NO_BODY:
         args["body"] = body
-    return Step("webhook_send", name, args)
+    return compensated(Step("webhook_send", name, args), compensate)
 
 
 register_step_kind(WebhookSendKind())

@@ -23,6 +23,15 @@ RUN_WOKEN = "kumiflow.workflow.run-woken"
 RUN_RECOVERED = "kumiflow.workflow.run-recovered"
 #: The database refused to store a segment; it is tried again at ``retry_at``.
 SEGMENT_REFUSED = "kumiflow.workflow.segment-refused"
+#: The run waits for a child run it started (``child``).
+STEP_WAITING_FOR_CHILD = "kumiflow.workflow.step.waiting-for-child"
+#: Branches of a parallel step wait, each for its own thing.
+STEP_WAITING_BRANCHES = "kumiflow.workflow.step.waiting-branches"
+#: A child run this run waits for ended (written by the child's last segment).
+CHILD_SETTLED = "kumiflow.workflow.child-settled"
+#: The run failed (or was cancelled) after steps with compensations completed:
+#: their compensations run now, in reverse order.
+COMPENSATION_STARTED = "kumiflow.workflow.compensation-started"
 
 RUN_EVENTS = frozenset(
     {
@@ -39,6 +48,10 @@ RUN_EVENTS = frozenset(
         RUN_WOKEN,
         RUN_RECOVERED,
         SEGMENT_REFUSED,
+        STEP_WAITING_FOR_CHILD,
+        STEP_WAITING_BRANCHES,
+        CHILD_SETTLED,
+        COMPENSATION_STARTED,
     }
 )
 
@@ -109,6 +122,7 @@ CORRUPT_STATE = "corrupt_state"
 START_DEPTH_EXCEEDED = "start_depth_exceeded"
 STATE_TOO_LARGE = "state_too_large"
 TASK_FAILED_REASON = "task_failed"
+CHILD_FAILED_REASON = "child_failed"
 UNSTORABLE_STATE = "unstorable_state"
 
 CRON_STREAM = "cron-schedule"

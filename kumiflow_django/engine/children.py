@@ -1,0 +1,216 @@
+"""Child runs, and what a run leaves behind when it ends.
+
+A ``child`` step starts a child run in its parent's segment: the child's
+``run-started`` is written with the parent's events (same transaction), with
+links to its parent and to the root of the tree, and the child runs on the
+resume loop once that commits. When a child the parent waits for ends, its
+last segment appends ``child-settled`` to the parent's stream (the parent is
+locked first): the parent's state holds the outcome and the parent is due.
+
+When a run ends, or stops to compensate, :func:`after_end` cleans up after
+it in the same transaction: its tasks that have not settled are cancelled;
+a cancelled run cancels its deliveries not yet made and its children (those
+whose policy is ``cancel``, and theirs, to the last level); a failed one
+cancels the children it was waiting for.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Max
+
+from kumiflow_django.definition import matching
+from kumiflow_django.definition.context import Cancellation, ChildRequest
+from kumiflow_django.definition.registry import registry
+from kumiflow_django.outbox.actions import cancel_dispatch
+from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
+from kumiflow_django.projections.runs import FINISHED, RUNS, RunStatus, WorkflowRun
+from kumiflow_django.projections.stream import Change, write
+from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
+from kumiflow_django.projections.tasks import StepTask
+from kumiflow_django.projections.tasks import append as append_task
+from kumiflow_django.store import clock
+from kumiflow_django.store import names as ev
+from kumiflow_django.store.db import for_update
+from kumiflow_django.store.models import Event
+from kumiflow_django.store.wakeups import WorkKind, work_committed
+
+logger = logging.getLogger("kumiflow_django.engine.children")
+
+#: How deep a tree of runs may grow (a child of a child of …): a workflow that
+#: starts itself under a condition that always holds stops here, failed.
+MAX_TREE_DEPTH = 32
+
+
+class ChildStartRefused(Exception):  # noqa: N818 - the condition, as the engine names it
+    """A child run cannot be started (unknown workflow, a tree too deep, a key taken)."""
+
+
+def started(
+    requests: list[ChildRequest], parent: WorkflowRun, *, now: datetime
+) -> tuple[list[Change[WorkflowRun]], dict[str, dict[str, Any]]]:
+    """The child runs a segment's ``child`` steps start (their ``run-started``
+    changes), and the outcomes of children that a key found already ended."""
+    changes: list[Change[WorkflowRun]] = []
+    settled: dict[str, dict[str, Any]] = {}
+    since = Event.objects.aggregate(m=Max("position"))["m"] or 0
+    gaps: list[int] | None = None
+    depth = (parent.depth or 0) + 1
+    for request in requests:
+        workflow = (
+            registry.get(request.workflow)
+            if request.version is None
+            else registry.find(request.workflow, request.version)
+        )
+        if workflow is None:
+            raise ChildStartRefused(
+                f"child workflow {request.workflow!r} version {request.version!r} is not registered"
+            )
+        if depth > MAX_TREE_DEPTH:
+            raise ChildStartRefused(
+                f"runs started children {MAX_TREE_DEPTH} levels deep (a workflow that starts "
+                "itself without end?)"
+            )
+        if request.idempotency_key is not None:
+            existing = WorkflowRun.objects.filter(
+                tenant_id=parent.tenant_id,
+                workflow=workflow.name,
+                idempotency_key=request.idempotency_key,
+            ).first()
+            if existing is not None:
+                if request.wait:
+                    if existing.status not in FINISHED:
+                        raise ChildStartRefused(
+                            f"a run of {workflow.name!r} with the idempotency key "
+                            f"{request.idempotency_key!r} is running already ({existing.id}); "
+                            "a child step waits only for a run it starts"
+                        )
+                    settled[str(request.id)] = outcome(existing)
+                continue
+        if workflow.awaited and gaps is None:
+            gaps = matching.gaps_below(since)
+        payload: dict[str, Any] = {
+            "workflow": workflow.name,
+            "version": workflow.version,
+            "fingerprint": workflow.fingerprint,
+            "mode": "deferred",
+            "trigger": {"type": "child"},
+            "since": since,
+            "input": request.payload,
+            "parent": {
+                "id": str(parent.id),
+                "root": str(parent.root_id or parent.id),
+                "step": request.step,
+                "wait": request.wait,
+                "cancel_with_parent": request.cancel_with_parent,
+                "depth": depth,
+            },
+        }
+        if request.idempotency_key is not None:
+            payload["idempotency_key"] = request.idempotency_key
+        if gaps:
+            payload["since_gaps"] = gaps
+        change = Change(RUNS, str(request.id), parent.tenant_id, None, now=now)
+        change.add(ev.RUN_STARTED, payload)
+        changes.append(change)
+    return changes, settled
+
+
+def announce(changes: list[Change[WorkflowRun]]) -> None:
+    """After commit, the resume loop starts the children."""
+    for change in changes:
+        work_committed(WorkKind.RESUME, change.saved.wake_at, change.saved.id)
+
+
+def outcome(run: WorkflowRun) -> dict[str, Any]:
+    """How a child ended, as its parent's state keeps it."""
+    settled: dict[str, Any] = {
+        "status": run.status,
+        "workflow": run.workflow,
+        "run_id": str(run.id),
+    }
+    if run.status == RunStatus.COMPLETED:
+        settled["result"] = run.result
+    else:
+        settled["error"] = run.last_error
+        settled["reason"] = run.reason
+    return settled
+
+
+def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) -> None:
+    """Clean up after a run that ended (or stops to compensate), in its transaction.
+
+    A completed run leaves nothing open (its branches' were cancelled when
+    their join was met): it only tells a waiting parent, without a query.
+    """
+    if run.status == RunStatus.COMPLETED:
+        if notify_parent and run.parent_id and run.parent_waits:
+            settle_parent(run)
+        return
+    for task in for_update(StepTask.objects.filter(run_id=run.id, status__in=OPEN_TASKS)):
+        append_task(task, ev.TASK_CANCELLED, {"reason": f"run {run.id} is {run.status}"})
+    children = WorkflowRun.objects.filter(parent_id=run.id, cancel_with_parent=True).exclude(
+        status__in=FINISHED
+    )
+    if cancelled:
+        pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
+        for dispatch_id in pending.values_list("id", flat=True):
+            cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")
+    else:
+        children = children.filter(parent_waits=True)
+    for child_id in children.values_list("id", flat=True):
+        cancel_child(child_id, reason=f"its parent run {run.id} is {run.status}")
+    if notify_parent and run.status in FINISHED and run.parent_id and run.parent_waits:
+        settle_parent(run)
+
+
+def cancel_child(child_id: uuid.UUID | str, *, reason: str) -> None:
+    """Cancel a child run (and its children), without telling its parent: the
+    parent is the one cancelling it."""
+    child = for_update(WorkflowRun.objects.filter(pk=child_id)).first()
+    if child is None or child.status in FINISHED:
+        return
+    change = Change(RUNS, str(child.id), child.tenant_id, child, now=clock.now())
+    child.lease_owner, child.lease_until = "", None
+    change.add(ev.RUN_CANCELLED, {"reason": reason})
+    write([change])
+    after_end(change.saved, cancelled=True, notify_parent=False)
+    logger.info("run %s cancelled: %s", child_id, reason)
+
+
+def settle_parent(child: WorkflowRun) -> None:
+    """Tell the parent that waits for ``child`` how it ended (its stream, its state)."""
+    if child.parent_id is None:
+        return
+    parent = for_update(WorkflowRun.objects.filter(pk=child.parent_id)).first()
+    if parent is None or parent.status in FINISHED:
+        return
+    change = Change(RUNS, str(parent.id), parent.tenant_id, parent, now=clock.now())
+    change.add(ev.CHILD_SETTLED, {"child_id": str(child.id), **outcome(child)})
+    write([change])
+    work_committed(WorkKind.RESUME, change.saved.wake_at, parent.id)
+
+
+def cancel(run: WorkflowRun, cancellations: list[Cancellation]) -> None:
+    """Cancel what branches that were cancelled left behind (after the run's write)."""
+    for item in cancellations:
+        try:
+            target = uuid.UUID(item.id)
+        except ValueError:
+            continue
+        if item.what == "task":
+            task = for_update(StepTask.objects.filter(pk=target, run_id=run.id)).first()
+            if task is not None and task.status in OPEN_TASKS:
+                append_task(task, ev.TASK_CANCELLED, {"reason": "its branch was cancelled"})
+        elif item.what == "dispatch":
+            dispatch = Dispatch.objects.filter(pk=target, run_id=run.id, status__in=DELIVERABLE)
+            if dispatch.exists():
+                cancel_dispatch(target, reason="its branch was cancelled")
+        elif item.what == "child":
+            child = WorkflowRun.objects.filter(pk=target, parent_id=run.id).first()
+            if child is not None and child.cancel_with_parent:
+                cancel_child(target, reason="its branch of the parent run was cancelled")
