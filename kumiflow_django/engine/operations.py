@@ -13,11 +13,15 @@ from typing import Any
 
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.engine import compensation
 from kumiflow_django.engine.segment import Segment
-from kumiflow_django.outbox.actions import cancel_dispatch
-from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
-from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
-from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
+from kumiflow_django.projections.runs import (
+    COMPENSATE,
+    FINISHED,
+    Compensation,
+    RunStatus,
+    WorkflowRun,
+)
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.projections.tasks import append as append_task
 from kumiflow_django.store import db
@@ -33,6 +37,10 @@ _SUSPENSIONS = {
     ev.STEP_WAITING: RunStatus.WAITING,
     ev.STEP_WAITING_FOR_EVENT: RunStatus.WAITING_EVENT,
     ev.RETRY_SCHEDULED: RunStatus.RETRY_SCHEDULED,
+    ev.STEP_WAITING_FOR_CHILD: RunStatus.WAITING,
+    ev.STEP_WAITING_BRANCHES: RunStatus.WAITING,
+    # the start of a compensation: a retry runs the compensations again
+    ev.COMPENSATION_STARTED: RunStatus.WAITING,
 }
 WAKEABLE = (RunStatus.WAITING, RunStatus.WAITING_EVENT, RunStatus.RETRY_SCHEDULED)
 
@@ -58,23 +66,38 @@ def _append(run: WorkflowRun, type_: str, payload: dict[str, Any]) -> WorkflowRu
 
 
 def cancel_run(
-    run_id: uuid.UUID | str, *, reason: str = "", tenant: str | None = None
+    run_id: uuid.UUID | str,
+    *,
+    reason: str = "",
+    tenant: str | None = None,
+    compensate: bool = False,
 ) -> WorkflowRun:
-    """Stop a run that has not finished. Its outbox requests not delivered yet
-    are cancelled with it, and so are its tasks that have not settled."""
+    """Stop a run that has not finished. Its outbox requests not delivered yet,
+    its tasks that have not settled and its child runs (but those started with
+    ``on_parent_cancel="abandon"``) are cancelled with it, to the last level.
+
+    With ``compensate=True`` a run with completed compensable steps runs their
+    compensations first (as steps of the run, on the resume loop), then ends
+    cancelled.
+    """
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status in FINISHED:
             raise InvalidRunState(
                 f"run {run.id} is {run.status}: only unfinished runs are cancelled"
             )
-        updated = _append(run, ev.RUN_CANCELLED, {"reason": reason or "cancelled"})
-        pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
-        for dispatch_id in pending.values_list("id", flat=True):
-            cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")
-        for task in for_update(StepTask.objects.filter(run_id=run.id, status__in=OPEN_TASKS)):
-            # A running attempt sees it (``current_task().cancelled``); its result is ignored.
-            append_task(task, ev.TASK_CANCELLED, {"reason": f"run {run.id} was cancelled"})
+        text = reason or "cancelled"
+        if compensate and not compensation.active(run.cursor) and compensation.pending(run.state):
+            segment = Segment(run.id, run.tenant_id, run)
+            segment.add(*compensation.begin(run, then="cancelled", reason="cancelled", error=text))
+            updated = segment.write()
+            work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
+            logger.info("run %s: compensating before it is cancelled (%s)", run.id, text)
+            return updated
+        payload: dict[str, Any] = {"reason": text}
+        if compensation.active(run.cursor):  # cancelled while compensating
+            payload["compensation"] = Compensation.FAILED
+        updated = _append(run, ev.RUN_CANCELLED, payload)
     logger.info("run %s cancelled (%s)", run.id, reason or "no reason given")
     return updated
 
@@ -105,10 +128,17 @@ def _retry_point(run: WorkflowRun) -> dict[str, Any]:
             p = event.payload
             restore: dict[str, Any] = {
                 "status": _SUSPENSIONS[event.type],
-                "cursor": p["cursor"],
+                "cursor": p.get("cursor", [COMPENSATE, 0]),
                 "state": p["state"],
                 "attempt": p.get("attempt", 1),
             }
+            if event.type == ev.COMPENSATION_STARTED:
+                restore["state"] = {
+                    **p["state"],
+                    "compensating": {k: p.get(k) for k in ("reason", "error", "then")},
+                }
+            elif event.type == ev.STEP_WAITING_BRANCHES:
+                restore["waits"] = p.get("waits") or []  # indexed again (RunWait)
             if event.type == ev.STEP_WAITING_FOR_EVENT:
                 restore["awaited"] = {
                     k: p[k] for k in ("event_type", "match", "correlation_key", "after")
@@ -159,6 +189,10 @@ def retry_run(
         run = _lock(run_id, tenant)
         if run.status != RunStatus.FAILED:
             raise InvalidRunState(f"run {run.id} is {run.status}: only failed runs are retried")
+        if run.compensation == Compensation.COMPENSATED:
+            raise InvalidRunState(
+                f"run {run.id} was compensated: its completed steps were undone; start a new run"
+            )
         payload: dict[str, Any] = {"restore": _retry_point(run)}
         task = _retry_task(run, payload["restore"])
         if adopt_current_definition:

@@ -7,18 +7,21 @@ Each model lives in the room of its concept: the event log in
 
 from kumiflow_django.http.models import ApiToken
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
-from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.projections.runs import Compensation, RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
+from kumiflow_django.projections.waits import RunWait
 from kumiflow_django.store.models import Event
 
 __all__ = [
     "ApiToken",
+    "Compensation",
     "CronSchedule",
     "Dispatch",
     "DispatchStatus",
     "Event",
     "RunStatus",
+    "RunWait",
     "StepTask",
     "TaskStatus",
     "WorkflowRun",

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import models
 
-from kumiflow_django.projections import dispatches, runs, schedules, tasks
+from kumiflow_django.projections import dispatches, runs, schedules, tasks, waits
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.user import projections
 from kumiflow_django.store import db
@@ -49,6 +49,28 @@ def _replay[M: models.Model](stream: Stream[M], types: Iterable[str]) -> int:
     return count + len(batch)
 
 
+def _rebuild_waits() -> int:
+    """The events the branches of waiting runs await, from each run's last
+    suspension in branches (or the retry that restored one)."""
+    waits.RunWait.objects.all().delete()
+    count = 0
+    waiting = runs.WorkflowRun.objects.filter(branch_waits__gt=0)
+    for run_id, tenant, version in waiting.values_list("id", "tenant_id", "version"):
+        last = (
+            Event.objects.filter(
+                stream_id=str(run_id),
+                type__in=[ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED],
+                version__lte=version,
+            )
+            .order_by("-version")
+            .first()
+        )
+        found = waits.waits_of(last) if last is not None else []
+        waits.sync(run_id, tenant, found, had=False)
+        count += len(found)
+    return count
+
+
 def rebuild_all() -> dict[str, int]:
     """Rebuild runs, the outbox, the schedules and every user projection; return counts."""
     counts: dict[str, Any] = {}
@@ -62,6 +84,7 @@ def rebuild_all() -> dict[str, int]:
         for name, stream, types in streams:
             stream.model._default_manager.all().delete()
             counts[name] = _replay(stream, types)
+        counts["branch waits"] = _rebuild_waits()
         for projection in projections.values():
             if not projection.rebuildable:
                 continue

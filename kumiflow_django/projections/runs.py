@@ -358,6 +358,9 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.finished_at = None
         # "wait": the run waits again for its awaited event (a task run again).
         run.wake_at = None if restore.get("wait") else event.created_at
+        run.branch_waits = len(restore.get("waits") or ())
+        cursor = restore.get("cursor")
+        run.compensation = Compensation.RUNNING if cursor and cursor[0] == COMPENSATE else ""
     elif event.type == ev.RUN_RECOVERED:
         run.recoveries += 1
     elif event.type == ev.SEGMENT_REFUSED:

@@ -55,6 +55,8 @@ def _key(data: Any) -> Key:
 
 def waits_of(event: Event) -> list[dict[str, Any]]:
     """The branch waits a run event leaves (only a branches suspension has any)."""
+    if event.type == ev.RUN_RETRIED:
+        return list(event.payload["restore"].get("waits") or [])
     if event.type != ev.STEP_WAITING_BRANCHES:
         return []
     return list(event.payload.get("waits") or [])

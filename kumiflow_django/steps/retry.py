@@ -23,13 +23,25 @@ from kumiflow_django.store import db
 
 
 def restore(state: dict[str, Any], name: str, value: Any) -> None:
-    """Put one part of the run's state back as it was (in place: steps hold it)."""
-    part = state[name]
-    if isinstance(part, list):
-        part[:] = value or []
-    else:
-        part.clear()
-        part.update(value or {})
+    """Put one part of the run's state back as it was before the attempt."""
+    into(state[name], value if value is not None else type(state[name])())
+
+
+def into(current: Any, saved: Any) -> None:
+    """Make ``current`` equal ``saved`` in place, keeping every dict and list
+    object that both have: the steps around the retry (a parallel step, a
+    for_each) hold references to them."""
+    if isinstance(current, dict) and isinstance(saved, dict):
+        for key in [k for k in current if k not in saved]:
+            del current[key]
+        for key, value in saved.items():
+            old = current.get(key)
+            if isinstance(old, dict | list) and type(old) is type(value):
+                into(old, value)
+            else:
+                current[key] = value
+    elif isinstance(current, list) and isinstance(saved, list):
+        current[:] = saved
 
 
 class RetryKind(StepKind):
