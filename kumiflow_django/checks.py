@@ -16,6 +16,7 @@ from kumiflow_django.conf import PREFIX, KumiflowSettings, settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import path_text, walk
+from kumiflow_django.definition.workflow import child_cycle
 
 
 def _positive_int(v: Any) -> bool:
@@ -227,6 +228,40 @@ def check_task_backends(**kwargs: Any) -> list[checks.CheckMessage]:
                         obj=workflow.name,
                     )
                 )
+    return errors
+
+
+@checks.register()
+def check_child_workflows(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Every child step names a registered workflow; no workflows always start
+    each other (a tree without end)."""
+    errors: list[checks.CheckMessage] = []
+    for workflow in registry.current():
+        for path, step in walk(workflow.steps):
+            if step.kind == "child" and not registry.is_registered(step.args["workflow"]):
+                errors.append(
+                    checks.Error(
+                        f"Workflow {workflow.name!r}, step {path_text(list(path))} "
+                        f"({step.name!r}) starts the workflow {step.args['workflow']!r} as a "
+                        "child, which is not registered.",
+                        hint="Define it in a workflows.py module of an installed app.",
+                        id="kumiflow.E110",
+                        obj=workflow.name,
+                    )
+                )
+        cycle = child_cycle(
+            workflow, lambda name: registry.get(name) if registry.is_registered(name) else None
+        )
+        if cycle:
+            errors.append(
+                checks.Error(
+                    f"Workflow {workflow.name!r} always starts itself through its children: "
+                    f"{' -> '.join(cycle)}.",
+                    hint="Start the child under a condition (a branch step) if this is meant.",
+                    id="kumiflow.E111",
+                    obj=workflow.name,
+                )
+            )
     return errors
 
 

@@ -249,6 +249,55 @@ def define_workflow(
         version=None if version is None else str(version),
         start_mode=start_mode,
     )
+    cycle = child_cycle(
+        workflow, lambda other: registry.get(other) if registry.is_registered(other) else None
+    )
+    if cycle:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r} starts itself through its children, always: "
+            f"{' -> '.join(cycle)} (start the child under a condition, in a branch step "
+            "or a for_each, if this is meant)"
+        )
     if register:
         registry.register(workflow)
     return workflow
+
+
+def unconditional_children(steps: tuple[Step, ...]) -> list[str]:
+    """The workflows a list of steps always starts as children: not in a
+    ``branch`` arm or a ``for_each`` (they may not run), not in a compensation."""
+    found: list[str] = []
+    for step in steps:
+        if step.kind == "child":
+            found.append(step.args["workflow"])
+        elif step.kind in ("parallel", "retry"):
+            for label, children in step.children.items():
+                if label != COMPENSATE:
+                    found += unconditional_children(children)
+    return found
+
+
+def child_cycle(workflow: Workflow, find: Callable[[str], Workflow | None]) -> list[str]:
+    """A chain of workflows that always start each other, back to ``workflow``
+    (empty: none), through the workflows ``find`` knows."""
+    path = [workflow.name]
+    seen: set[str] = set()
+
+    def visit(current: Workflow) -> list[str] | None:
+        for name in unconditional_children(current.steps):
+            if name == workflow.name:
+                return [*path, name]
+            if name in seen:
+                continue
+            seen.add(name)
+            other = find(name)
+            if other is None:
+                continue
+            path.append(name)
+            found = visit(other)
+            if found:
+                return found
+            path.pop()
+        return None
+
+    return visit(workflow) or []

@@ -61,11 +61,13 @@ def started(
     gaps: list[int] | None = None
     depth = (parent.depth or 0) + 1
     for request in requests:
-        workflow = (
-            registry.get(request.workflow)
-            if request.version is None
-            else registry.find(request.workflow, request.version)
-        )
+        workflow = None
+        if registry.is_registered(request.workflow):
+            workflow = (
+                registry.get(request.workflow)
+                if request.version is None
+                else registry.find(request.workflow, request.version)
+            )
         if workflow is None:
             raise ChildStartRefused(
                 f"child workflow {request.workflow!r} version {request.version!r} is not registered"

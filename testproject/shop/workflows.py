@@ -11,6 +11,8 @@ And the probes the tests of task steps start (``task-*``).
 
 from __future__ import annotations
 
+import os
+
 from django.conf import settings
 
 from kumiflow_django import define_projection, define_workflow, on_cron, on_event
@@ -100,6 +102,13 @@ def count(payload):
     time.sleep(payload.get("sleep", 0))
     tally, _ = Tally.objects.get_or_create(key=payload["key"])
     Tally.objects.filter(pk=tally.pk).update(count=F("count") + 1)
+    marker = payload.get("marker")
+    if marker and not os.path.exists(marker):
+        # A durability test kills the process now: the update above is in the
+        # open transaction, and must be rolled back and done once more.
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(payload.get("hold", 60))
     return payload["key"]
 
 
@@ -230,3 +239,33 @@ _task_probe(
 )
 _task_probe("task-unstorable", shop_tasks.unstorable)
 _task_probe("task-too-large", shop_tasks.too_large)
+
+
+# -- compensation: the durability test kills a worker while it compensates ----
+
+
+def _probe_key(suffix):
+    return lambda ctx: {"key": f"{ctx.event.payload['id']}:{suffix}"}
+
+
+def _undo_b(ctx):
+    return {"key": f"{ctx.event.payload['id']}:undo-b", "marker": ctx.event.payload.get("marker")}
+
+
+compensation_probe = define_workflow(
+    "compensation-probe",
+    steps=[
+        s.call(
+            "a",
+            "shop.count",
+            _probe_key("a"),
+            compensate=[s.call(None, "shop.count", _probe_key("undo-a"))],
+        ),
+        s.wait("PT1S"),
+        s.call(
+            "b", "shop.count", _probe_key("b"), compensate=[s.call(None, "shop.count", _undo_b)]
+        ),
+        s.wait("PT1S"),
+        s.compute("boom", lambda ctx: 1 / 0),
+    ],
+)
