@@ -78,12 +78,16 @@ def test_compensations_run_in_reverse_order_durably_then_the_run_fails(registry,
         retry_run(run.pk)
 
 
+def missing_key(ctx):
+    raise KeyError("x")
+
+
 def test_a_failed_compensation_ends_the_run_with_compensation_failed(registry, clock):
     define_workflow(
         "fragile",
         steps=[
             s.compute("a", lambda ctx: 1, compensate=[undo("a")]),
-            s.compute("b", lambda ctx: 2, compensate=[s.compute("oops", lambda ctx: {}["x"])]),
+            s.compute("b", lambda ctx: 2, compensate=[s.compute("oops", missing_key)]),
             s.wait("PT1M"),
             s.compute("boom", lambda ctx: 1 / 0),
         ],
