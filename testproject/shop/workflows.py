@@ -269,3 +269,43 @@ compensation_probe = define_workflow(
         s.compute("boom", lambda ctx: 1 / 0),
     ],
 )
+
+
+# -- branches of one run never run at the same time (four workers) -------------
+
+
+@s.handler("shop.interval")
+def interval(payload):
+    """Append when this step ran (start and end, wall clock) to a log file."""
+    import time
+
+    start = time.time()
+    time.sleep(0.02)
+    with open(payload["log"], "a") as f:
+        f.write(f"{payload['run']} {payload['branch']} {start!r} {time.time()!r}\n")
+    return payload["branch"]
+
+
+def _interval(branch):
+    return lambda ctx: {"log": ctx.event.payload["log"], "run": str(ctx.run.id), "branch": branch}
+
+
+branches_probe = define_workflow(
+    "branches-probe",
+    start_mode="deferred",
+    steps=[
+        s.parallel(
+            "ran",
+            {
+                f"b{n}": [
+                    s.wait(f"PT{n % 3}S"),
+                    s.call(f"first{n}", "shop.interval", _interval(f"b{n}.1")),
+                    s.wait("PT1S"),
+                    s.call(f"second{n}", "shop.interval", _interval(f"b{n}.2")),
+                ]
+                for n in range(6)
+            },
+        ),
+        s.return_(lambda ctx: sorted(ctx.steps["ran"])),
+    ],
+)
