@@ -139,3 +139,56 @@ def test_rebuild_gives_tables_identical_to_the_live_ones(registry, clock, mailou
 
     for model, rows in before.items():
         assert snapshot(model) == rows, model.__name__
+
+
+def test_rebuild_reproduces_branches_children_and_compensation(registry, clock):
+    from kumiflow_django.models import RunWait, StepTask
+    from testproject.shop.tasks import double
+
+    define_workflow("leaf", steps=[s.wait("PT1H"), s.return_("leaf done")])
+    define_workflow(
+        "tree",
+        steps=[
+            s.parallel(
+                "p",
+                {
+                    "kid": [s.child("leaf", "leaf")],
+                    "paid": [s.wait_for_event("paid", match={"payload.n": 1}, name="pay")],
+                    "other": [s.wait_for_event("paid", match={"payload.n": 2}, name="pay2")],
+                    "task": [s.task("t", double, args=[2])],
+                },
+            ),
+            s.for_each(lambda ctx: [1, 2, 3], "i", do=[s.wait("PT1M")], parallel=True, name="fe"),
+        ],
+    )
+    define_workflow(
+        "undoing",
+        steps=[
+            s.compute("a", lambda ctx: 1, compensate=[s.wait("PT1H"), s.compute("u", lambda c: 1)]),
+            s.wait("PT1M"),
+            s.compute("boom", lambda ctx: 1 / 0),
+        ],
+    )
+    start_workflow("tree")
+    start_workflow("undoing")
+    run_until_idle(tasks=False)
+    append_event("p", "paid", {"n": 1})
+    clock.advance(minutes=1)
+    run_until_idle(tasks=False)
+
+    assert RunWait.objects.count() == 2  # "other", and the task's outcome
+    assert WorkflowRun.objects.filter(compensation="running").count() == 1
+    assert WorkflowRun.objects.exclude(parent_id=None).count() == 1
+
+    def waits() -> list[dict]:
+        return sorted(
+            RunWait.objects.values("run_id", "branch", "event_type", "correlation_key", "after"),
+            key=str,
+        )
+
+    before = {m: snapshot(m) for m in (WorkflowRun, StepTask)}
+    before_waits = waits()
+    call_command("kumiflow_rebuild", verbosity=0)
+    for model, rows in before.items():
+        assert snapshot(model) == rows, model.__name__
+    assert waits() == before_waits
