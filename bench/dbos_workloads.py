@@ -299,4 +299,32 @@ def w7(db: str) -> dict[str, Any]:
     return {"completed": results == [1] * n, "all_complete_s": round(wall, 3)}
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7}
+def w8(db: str) -> dict[str, Any]:
+    """One parent workflow starts 1,000 child workflows of one step each and
+    waits for all of them."""
+    if db != "postgresql":
+        return {"skipped": "measured on PostgreSQL"}
+    DBOS = launch(system_url(db, "dbos_bench_w8"))
+
+    @DBOS.step()
+    def inc(x: int) -> int:
+        return x + 1
+
+    @DBOS.workflow()
+    def child(n: int) -> int:
+        return inc(n)
+
+    @DBOS.workflow()
+    def parent() -> int:
+        handles = [DBOS.start_workflow(child, n) for n in range(1000)]
+        return len([h.get_result() for h in handles])
+
+    DBOS.launch()
+    start = time.perf_counter()
+    count = parent()
+    wall = time.perf_counter() - start
+    DBOS.destroy()
+    return {"completed": count == 1000, "all_complete_s": round(wall, 3)}
+
+
+WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8}

@@ -401,4 +401,35 @@ def w7(db: str) -> dict[str, Any]:
     }
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7}
+def w8(db: str) -> dict[str, Any]:
+    """One parent starts 1,000 child runs of one step each and joins them (a
+    parallel for_each of child steps), drained by one worker process."""
+    if db != "postgresql":
+        return {"skipped": "measured on PostgreSQL"}
+    url = database_url(db, "kumiflow_bench_w8")
+    setup_django(url)
+    from kumiflow_django import start_workflow
+    from kumiflow_django.models import WorkflowRun
+
+    worker = _spawn_worker(url)
+    time.sleep(3)  # the worker is up and polling
+    try:
+        start = time.perf_counter()
+        parent = start_workflow("bench-w8")
+        done = _wait(
+            lambda: WorkflowRun.objects.filter(pk=parent.pk, status="completed").exists(), 300
+        )
+        wall = time.perf_counter() - start
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    parent.refresh_from_db()
+    return {
+        "completed": done and parent.result == 1000,
+        "all_complete_s": round(wall, 3),
+        "children": WorkflowRun.objects.filter(parent_id=parent.pk, status="completed").count(),
+        "parent_segments": parent.version,
+    }
+
+
+WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8}

@@ -1,4 +1,4 @@
-"""The benchmark's workflows (W1-W7), registered like any app's."""
+"""The benchmark's workflows (W1-W8), registered like any app's."""
 
 from __future__ import annotations
 
@@ -66,4 +66,21 @@ def nap() -> int:
 w7 = define_workflow(
     "bench-w7",
     steps=[s.task("napped", nap, timeout=30), s.return_(lambda ctx: ctx.steps["napped"])],
+)
+
+
+w8_child = define_workflow("bench-w8-child", steps=[s.compute("one", _inc)])
+
+w8 = define_workflow(
+    "bench-w8",
+    steps=[
+        s.for_each(
+            lambda ctx: list(range(1000)),
+            "i",
+            do=[s.child("done", "bench-w8-child", input=lambda ctx: {"n": ctx.scope["i"]})],
+            parallel=True,
+            name="children",
+        ),
+        s.return_(lambda ctx: len(ctx.steps["children"])),
+    ],
 )

@@ -52,11 +52,10 @@ def test_a_parent_waits_for_its_child_and_gets_its_result(parcel, clock):
     run = start_workflow("order", payload={"p": 7})
     assert reload(run).status == RunStatus.WAITING
     [child] = children_of(run)
-    assert (child.workflow, child.status, child.input) == ("ship-parcel", "pending", {"parcel": 7})
+    # Its workflow starts inline: its first segment ran with the parent's.
+    assert (child.workflow, child.status, child.input) == ("ship-parcel", "waiting", {"parcel": 7})
     assert (child.parent_id, child.root_id, child.depth) == (run.pk, run.pk, 1)
     assert child.trigger_type == "child" and child.parent_waits
-    run_until_idle()
-    assert reload(child).status == RunStatus.WAITING
     clock.advance(hours=1)
     run_until_idle()
     run = reload(run)
@@ -272,3 +271,24 @@ def test_itself_as_a_child_is_a_cycle(registry):
 def test_bad_child_options_are_refused(registry, options, why):
     with pytest.raises(WorkflowDefinitionError, match=why):
         define_workflow("bad", steps=[s.child("c", "x", **options)])
+
+
+def test_a_child_that_ends_in_its_first_segment_hands_over_at_once(registry, clock):
+    define_workflow("quick", steps=[s.return_(lambda ctx: ctx.event.payload["n"] * 3)])
+    define_workflow("later", start_mode="deferred", steps=[s.return_("later")])
+    define_workflow(
+        "order",
+        steps=[
+            s.child("q", "quick", input={"n": 2}),
+            s.child("l", "later"),
+            s.return_(lambda ctx: [ctx.steps["q"], ctx.steps["l"]]),
+        ],
+    )
+    run = start_workflow("order")
+    [quick] = children_of(run)
+    assert quick.status == RunStatus.COMPLETED
+    assert reload(run).wake_at is not None  # due at once: its child ended already
+    run_until_idle()
+    quick, later = children_of(run)
+    assert later.start_mode == "deferred" and later.status == RunStatus.COMPLETED
+    assert reload(run).result == [6, "later"]

@@ -2,8 +2,11 @@
 
 A ``child`` step starts a child run in its parent's segment: the child's
 ``run-started`` is written with the parent's events (same transaction), with
-links to its parent and to the root of the tree, and the child runs on the
-resume loop once that commits. When a child the parent waits for ends, its
+links to its parent and to the root of the tree. A child whose workflow
+starts inline (the default) runs its first segment there too, like any
+inline start; a deferred one runs on the resume loop once that commits.
+A child that ends in its first segment hands its outcome to the parent's
+segment at once. When a child the parent waits for ends, its
 last segment appends ``child-settled`` to the parent's stream (the parent is
 locked first): the parent's state holds the outcome and the parent is due.
 
@@ -16,8 +19,10 @@ cancels the children it was waiting for.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -26,16 +31,18 @@ from django.db.models import Max
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Cancellation, ChildRequest
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
-from kumiflow_django.projections.runs import FINISHED, RUNS, RunStatus, WorkflowRun
-from kumiflow_django.projections.stream import Change, write
+from kumiflow_django.projections.runs import FINISHED, RUNS, SUSPENDED, RunStatus, WorkflowRun
+from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
 from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.projections.tasks import append as append_task
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
+from kumiflow_django.store.log import insert, notify
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
@@ -50,11 +57,29 @@ class ChildStartRefused(Exception):  # noqa: N818 - the condition, as the engine
     """A child run cannot be started (unknown workflow, a tree too deep, a key taken)."""
 
 
+#: Runs the first segment of a child run in the parent's transaction: the child's
+#: id, tenant, workflow, ``run-started`` payload and input; returns its row.
+Starter = Callable[[uuid.UUID, str, Workflow, dict[str, Any], dict[str, Any]], WorkflowRun | None]
+
+#: Parents whose children run their first segment right now (inline): such a
+#: child that ends at once reports to the segment, not to the parent's stream.
+_inline_parents: contextvars.ContextVar[frozenset[uuid.UUID]] = contextvars.ContextVar(
+    "kumiflow_inline_parents", default=frozenset()
+)
+
+
 def started(
-    requests: list[ChildRequest], parent: WorkflowRun, *, now: datetime
+    requests: list[ChildRequest],
+    parent: WorkflowRun,
+    *,
+    now: datetime,
+    start: Starter | None = None,
 ) -> tuple[list[Change[WorkflowRun]], dict[str, dict[str, Any]]]:
-    """The child runs a segment's ``child`` steps start (their ``run-started``
-    changes), and the outcomes of children that a key found already ended."""
+    """The child runs a segment's ``child`` steps start: the ``run-started``
+    changes of those that start deferred, and the outcomes of children that
+    ended already (a key found one that had; an inline child that ran to its
+    end in its first segment). A child whose workflow starts inline runs its
+    first segment here, with ``start``."""
     changes: list[Change[WorkflowRun]] = []
     settled: dict[str, dict[str, Any]] = {}
     since = Event.objects.aggregate(m=Max("position"))["m"] or 0
@@ -116,6 +141,16 @@ def started(
             payload["idempotency_key"] = request.idempotency_key
         if gaps:
             payload["since_gaps"] = gaps
+        if start is not None and workflow.start_mode == "inline":
+            payload["mode"] = "inline"
+            token = _inline_parents.set(_inline_parents.get() | {parent.id})
+            try:
+                child = start(request.id, parent.tenant_id, workflow, payload, request.payload)
+            finally:
+                _inline_parents.reset(token)
+            if child is not None and child.status in FINISHED and request.wait:
+                settled[str(request.id)] = outcome(child)
+            continue
         change = Change(RUNS, str(request.id), parent.tenant_id, None, now=now)
         change.add(ev.RUN_STARTED, payload)
         changes.append(change)
@@ -123,9 +158,9 @@ def started(
 
 
 def announce(changes: list[Change[WorkflowRun]]) -> None:
-    """After commit, the resume loop starts the children."""
-    for change in changes:
-        work_committed(WorkKind.RESUME, change.saved.wake_at, change.saved.id)
+    """After commit, the resume loop starts the children (one wake-up for all)."""
+    if changes:
+        work_committed(WorkKind.RESUME, changes[0].saved.wake_at)
 
 
 def outcome(run: WorkflowRun) -> dict[str, Any]:
@@ -185,16 +220,43 @@ def cancel_child(child_id: uuid.UUID | str, *, reason: str) -> None:
 
 
 def settle_parent(child: WorkflowRun) -> None:
-    """Tell the parent that waits for ``child`` how it ended (its stream, its state)."""
-    if child.parent_id is None:
+    """Tell the parent that waits for ``child`` how it ended (its stream; the
+    parent is due).
+
+    A thousand children may end one after the other, each locking their
+    parent: this reads and writes only the parent row's few columns the
+    event changes (the fold of ``child-settled`` changes no more), never its
+    state, whatever its size.
+    """
+    if child.parent_id is None or child.parent_id in _inline_parents.get():
+        return  # no parent, or one whose segment takes the outcome itself
+    row = (
+        for_update(WorkflowRun.objects.filter(pk=child.parent_id))
+        .values_list("tenant_id", "version", "status", "wake_at")
+        .first()
+    )
+    if row is None or row[2] in FINISHED:
         return
-    parent = for_update(WorkflowRun.objects.filter(pk=child.parent_id)).first()
-    if parent is None or parent.status in FINISHED:
-        return
-    change = Change(RUNS, str(parent.id), parent.tenant_id, parent, now=clock.now())
-    change.add(ev.CHILD_SETTLED, {"child_id": str(child.id), **outcome(child)})
-    write([change])
-    work_committed(WorkKind.RESUME, change.saved.wake_at, parent.id)
+    tenant, version, status, wake_at = row
+    now = clock.now()
+    event = Event(
+        tenant_id=tenant,
+        stream_type=ev.RUN_STREAM,
+        stream_id=str(child.parent_id),
+        version=version + 1,
+        type=ev.CHILD_SETTLED,
+        payload={"child_id": str(child.id), **outcome(child)},
+        metadata={},
+        created_at=now,
+    )
+    insert([event])
+    changes: dict[str, Any] = {"version": version + 1, "updated_at": now}
+    if status in SUSPENDED:  # as the fold of child-settled does
+        changes["wake_at"] = min(wake_at or now, now)
+    if not WorkflowRun.objects.filter(pk=child.parent_id, version=version).update(**changes):
+        raise StaleRow(f"parent run {child.parent_id} moved on while it was locked")
+    notify([event])
+    work_committed(WorkKind.RESUME, changes.get("wake_at"), child.parent_id)
 
 
 def cancel(run: WorkflowRun, cancellations: list[Cancellation]) -> None:

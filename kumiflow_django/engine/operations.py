@@ -137,8 +137,13 @@ def _retry_point(run: WorkflowRun) -> dict[str, Any]:
                     **p["state"],
                     "compensating": {k: p.get(k) for k in ("reason", "error", "then")},
                 }
-            elif event.type == ev.STEP_WAITING_BRANCHES:
+            if event.type == ev.STEP_WAITING_BRANCHES:
                 restore["waits"] = p.get("waits") or []  # indexed again (RunWait)
+            if event.type in (ev.STEP_WAITING_BRANCHES, ev.STEP_WAITING_FOR_CHILD):
+                # the children that ended since are read again from the log
+                children = [p["child_id"]] if "child_id" in p else p.get("children") or []
+                restore["child_waits"] = len(children)
+                restore["suspended_version"] = event.version
             if event.type == ev.STEP_WAITING_FOR_EVENT:
                 restore["awaited"] = {
                     k: p[k] for k in ("event_type", "match", "correlation_key", "after")

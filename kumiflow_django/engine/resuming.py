@@ -27,7 +27,14 @@ from django.db.models import Q, QuerySet
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition import matching
-from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, check_state
+from kumiflow_django.definition.context import (
+    Trigger,
+    TriggerEvent,
+    Wake,
+    WakeReason,
+    check_state,
+    state_part,
+)
 from kumiflow_django.definition.matching import awaited_as, event_types_for
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.workflow import Workflow
@@ -217,6 +224,8 @@ def opening(
     gave_up = [(ev.STEP_RESUMED, {"cursor": run.cursor})]
     try:
         state = check_state(copy.deepcopy(run.state))
+        if run.child_waits:
+            state_part(state, "settled").update(children_settled(run))
         cursor = None if run.status == RunStatus.PENDING else run.cursor
         if cursor is not None and compensation.active(cursor):
             compensation.check(workflow, cursor, state)
@@ -247,6 +256,17 @@ def opening(
         first=[(ev.STEP_RESUMED, resumed)],
         steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
     )
+
+
+def children_settled(run: WorkflowRun) -> dict[str, dict[str, Any]]:
+    """The outcomes of the run's children that ended since it suspended."""
+    events = Event.objects.filter(
+        stream_id=str(run.id), type=ev.CHILD_SETTLED, version__gt=run.suspended_version
+    )
+    return {
+        p["child_id"]: {k: v for k, v in p.items() if k != "child_id"}
+        for p in events.order_by("version").values_list("payload", flat=True)
+    }
 
 
 def after_segment(run: WorkflowRun) -> None:

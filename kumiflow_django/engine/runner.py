@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 from kumiflow_django.definition.backoff import BackoffPolicy
-from kumiflow_django.definition.context import Trigger, Wake, WakeReason
+from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import compensation
@@ -146,8 +146,36 @@ def _run(opening: Opening) -> WorkflowRun:
             cursor=steps.cursor,
             state=steps.state,
             wake=steps.wake,
+            start_child=start_child,
         )
     return segment.write()
+
+
+def start_child(
+    run_id: uuid.UUID,
+    tenant: str,
+    workflow: Workflow,
+    started: dict[str, Any],
+    payload: dict[str, Any],
+) -> WorkflowRun | None:
+    """Start a child run and run its first segment here, in the parent's
+    transaction (a savepoint of its own, like any start)."""
+
+    def prepare() -> Prepared:
+        trigger = TriggerEvent(type="child", payload=payload, tenant_id=tenant)
+        return Opening(
+            run_id=run_id,
+            tenant=tenant,
+            row=None,
+            first=[(ev.RUN_STARTED, started)],
+            steps=Steps(
+                workflow, trigger, cursor=None, state=new_state(), wake=Wake(WakeReason.START)
+            ),
+            key=started.get("idempotency_key"),
+            workflow_name=workflow.name,
+        )
+
+    return execute(prepare)
 
 
 def _record(

@@ -93,7 +93,7 @@ class Segment:
     def row(self) -> WorkflowRun:
         return self.run.saved
 
-    def add_effects(self, ctx: Context) -> None:
+    def add_effects(self, ctx: Context, start_child: children.Starter | None = None) -> None:
         """Open the streams of what the steps asked for: outbox requests, tasks,
         child runs; keep what cancelled branches left for after the write."""
         if not ctx.effects:
@@ -106,7 +106,7 @@ class Segment:
         kids = [e for e in ctx.effects if isinstance(e, ChildRequest)]
         if kids:
             try:
-                changes, settled = children.started(kids, self.row, now=now)
+                changes, settled = children.started(kids, self.row, now=now, start=start_child)
             except children.ChildStartRefused as exc:
                 raise Failure(ev.CHILD_FAILED_REASON, str(exc), None, _trail(ctx)) from exc
             self.children += changes
@@ -161,8 +161,12 @@ def advance(
     cursor: list[Any] | None,
     state: dict[str, Any],
     wake: Wake,
+    start_child: children.Starter | None = None,
 ) -> None:
     """Run the steps from ``cursor`` and add the closing event to the segment.
+
+    ``start_child`` runs the first segment of a child run whose workflow
+    starts inline, in this transaction (the runner's).
 
     Raises :class:`Failure` when a step fails (the runner rolls the segment
     back and records the failure).
@@ -186,12 +190,12 @@ def advance(
             run_steps(workflow.steps, ctx, [], cursor)
     except Suspend as suspend:
         state.pop("woken", None)
-        segment.add_effects(ctx)
+        segment.add_effects(ctx, start_child)
         _suspend(segment, ctx, suspend)
         return
     except ReturnValue as returned:
         result = _result(returned.value, ctx)
-        segment.add_effects(ctx)
+        segment.add_effects(ctx, start_child)
         segment.add(ev.RUN_COMPLETED, {"result": result, "trail": _trail(ctx)})
         return
     except StepError as failure:
@@ -219,7 +223,7 @@ def advance(
     finally:
         _depth.reset(token)
     state.pop("woken", None)
-    segment.add_effects(ctx)
+    segment.add_effects(ctx, start_child)
     if compensating:
         segment.add(*compensation.ended(state, _trail(ctx)))
         return

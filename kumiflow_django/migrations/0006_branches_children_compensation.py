@@ -5,7 +5,9 @@
 - the run's links in its tree (parent, root, the parent's step, whether the
   parent waits, whether cancelling the parent cancels it, its depth), with an
   index on the parent for the admin's list and cancel cascades;
-- how many branch waits the run has, and its compensation outcome.
+- how many branch waits and children the run waits for, the version it
+  suspended at (children that ended since are the events after it), and its
+  compensation outcome.
 
 Every new column has a default: existing rows are root runs without branches.
 """
@@ -56,6 +58,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name="workflowrun",
+            name="child_waits",
+            field=models.PositiveIntegerField(default=0, verbose_name="children awaited"),
+        ),
+        migrations.AddField(
+            model_name="workflowrun",
             name="compensation",
             field=models.CharField(
                 blank=True,
@@ -92,6 +99,11 @@ class Migration(migrations.Migration):
             model_name="workflowrun",
             name="root_id",
             field=models.UUIDField(blank=True, null=True, verbose_name="root run"),
+        ),
+        migrations.AddField(
+            model_name="workflowrun",
+            name="suspended_version",
+            field=models.PositiveIntegerField(default=0, verbose_name="suspended at version"),
         ),
         migrations.AddIndex(
             model_name="workflowrun",

@@ -130,6 +130,10 @@ class WorkflowRun(models.Model):
     depth = models.PositiveSmallIntegerField(_("depth in its tree"), default=0)
     #: Events the run's branches await (``RunWait`` rows), when it waits in branches.
     branch_waits = models.PositiveIntegerField(_("branch waits"), default=0)
+    #: Child runs the run waits for, and the version it suspended at: the
+    #: children that ended since are the ``child-settled`` events after it.
+    child_waits = models.PositiveIntegerField(_("children awaited"), default=0)
+    suspended_version = models.PositiveIntegerField(_("suspended at version"), default=0)
     #: Compensation after a failure or cancel: running, compensated or failed.
     compensation = models.CharField(
         _("compensation"), max_length=20, choices=Compensation.choices, blank=True
@@ -202,6 +206,7 @@ def _merge_trail(run: WorkflowRun, payload: dict[str, Any]) -> None:
 def _clear_wait(run: WorkflowRun) -> None:
     run.wake_at = None
     run.branch_waits = 0
+    run.child_waits = 0
     run.awaited_event_type = ""
     run.correlation_key = ""
     run.awaited_match = None
@@ -282,10 +287,12 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.status = RunStatus.WAITING
         run.wake_at = _instant(p.get("wake_at"))
         run.branch_waits = len(p.get("waits") or ())
+        children = [p["child_id"]] if "child_id" in p else p.get("children") or []
+        run.child_waits = len(children)
+        run.suspended_version = event.version
     elif event.type == ev.CHILD_SETTLED:
-        settled = dict(run.state.get("settled") or {})
-        settled[p["child_id"]] = {k: v for k, v in p.items() if k != "child_id"}
-        run.state = {**run.state, "settled": settled}
+        # The outcome stays in the event (the next segment reads the ones after
+        # ``suspended_version``): the row only becomes due, whatever its size.
         if run.status in SUSPENDED:
             run.wake_at = min(run.wake_at or event.created_at, event.created_at)
     elif event.type == ev.COMPENSATION_STARTED:
@@ -359,6 +366,9 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         # "wait": the run waits again for its awaited event (a task run again).
         run.wake_at = None if restore.get("wait") else event.created_at
         run.branch_waits = len(restore.get("waits") or ())
+        run.child_waits = restore.get("child_waits", 0)
+        if "suspended_version" in restore:
+            run.suspended_version = restore["suspended_version"]
         cursor = restore.get("cursor")
         run.compensation = Compensation.RUNNING if cursor and cursor[0] == COMPENSATE else ""
     elif event.type == ev.RUN_RECOVERED:
