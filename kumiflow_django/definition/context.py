@@ -8,6 +8,7 @@ the engine builds one per segment.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -112,6 +113,9 @@ class Context:
         self.since_gaps = since_gaps
         #: Static paths of the steps this segment ran (for the admin's picture).
         self.trail: list[str] = []
+        #: Milliseconds each step of this segment took, by static path (summed
+        #: over a loop's items), for the admin's picture.
+        self.durations: dict[str, float] = {}
         #: Side effects the segment commits with the run (outbox requests).
         self.effects: list[DispatchRequest] = []
         self._attempts: list[int] = []
@@ -132,6 +136,11 @@ class Context:
     @property
     def clock(self) -> clock.Clock:
         return clock.get_clock()
+
+    def timed(self, path: str, began: float) -> None:
+        """Add the time since ``began`` (``time.perf_counter()``) to a step's duration."""
+        ms = (time.perf_counter() - began) * 1000
+        self.durations[path] = round(self.durations.get(path, 0.0) + ms, 3)
 
     def push_attempt(self, attempt: int) -> None:
         self._attempts.append(attempt)

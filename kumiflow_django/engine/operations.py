@@ -2,7 +2,9 @@
 
 Each appends one event to the run's stream at its current version (the row
 is locked first, so an operation waits for a segment in flight) and updates
-the run row through the projection, like every other change of a run.
+the run row through the projection, like every other change of a run. The
+operator (``by``) and the ``reason`` are stored in that event's payload, and
+``by`` as its ``created_by``: the log says who did what and why.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import Any
 
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
+from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import InvalidRunState, RunNotFound
 from kumiflow_django.store.models import Event
@@ -48,44 +52,54 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
     return run
 
 
-def _append(run: WorkflowRun, type_: str, payload: dict[str, Any]) -> WorkflowRun:
+def _append(run: WorkflowRun, type_: str, payload: dict[str, Any], by: str = "") -> WorkflowRun:
     segment = Segment(run.id, run.tenant_id, run)
-    segment.add(type_, payload)
+    segment.add(type_, payload, created_by=by)
     return segment.write()
 
 
 def cancel_run(
-    run_id: uuid.UUID | str, *, reason: str = "", tenant: str | None = None
+    run_id: uuid.UUID | str,
+    *,
+    reason: str = "",
+    tenant: str | None = None,
+    by: str = "",
 ) -> WorkflowRun:
     """Stop a run that has not finished. Its outbox requests not delivered yet
     are cancelled with it."""
+    by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status in FINISHED:
             raise InvalidRunState(
                 f"run {run.id} is {run.status}: only unfinished runs are cancelled"
             )
-        updated = _append(run, ev.RUN_CANCELLED, {"reason": reason or "cancelled"})
+        payload = audited({}, by, reason or "cancelled")
+        updated = _append(run, ev.RUN_CANCELLED, payload, by)
         pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
         for dispatch_id in pending.values_list("id", flat=True):
-            cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")
-    logger.info("run %s cancelled (%s)", run.id, reason or "no reason given")
+            cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled", by=by)
+    logger.info("run %s cancelled by %s (%s)", run.id, by or "code", reason or "no reason given")
     return updated
 
 
-def wake_run(run_id: uuid.UUID | str, *, tenant: str | None = None) -> WorkflowRun:
+def wake_run(
+    run_id: uuid.UUID | str, *, tenant: str | None = None, by: str = "", reason: str = ""
+) -> WorkflowRun:
     """Make a waiting run due now: a timer ends early, a wait for an event
-    times out now, a scheduled retry runs now."""
+    times out now (the step takes its timeout path), a scheduled retry runs now."""
+    by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status not in WAKEABLE:
             raise InvalidRunState(f"run {run.id} is {run.status}: only waiting runs are woken")
-        updated = _append(run, ev.RUN_WOKEN, {})
+        updated = _append(run, ev.RUN_WOKEN, audited({}, by, reason), by)
         work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
+    logger.info("run %s woken by %s (%s)", run.id, by or "code", reason or "no reason given")
     return updated
 
 
-def _retry_point(run: WorkflowRun) -> dict[str, Any]:
+def retry_point(run: WorkflowRun) -> dict[str, Any]:
     """Where the failed segment began: the last suspension (and how it was woken),
     or the start."""
     events = list(
@@ -118,6 +132,8 @@ def retry_run(
     *,
     adopt_current_definition: bool = False,
     tenant: str | None = None,
+    by: str = "",
+    reason: str = "",
 ) -> WorkflowRun:
     """Run a failed run's failed segment again, from the suspension it began at.
 
@@ -126,11 +142,12 @@ def retry_run(
     workflow's current definition first (after a ``workflow_definition_changed``
     failure, when the new definition still fits the run's position).
     """
+    by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status != RunStatus.FAILED:
             raise InvalidRunState(f"run {run.id} is {run.status}: only failed runs are retried")
-        payload: dict[str, Any] = {"restore": _retry_point(run)}
+        payload: dict[str, Any] = {"restore": retry_point(run)}
         if adopt_current_definition:
             current = registry.get(run.workflow)
             cursor = payload["restore"]["cursor"]
@@ -144,7 +161,8 @@ def retry_run(
                     ) from exc
             payload["fingerprint"] = current.fingerprint
             payload["version"] = current.version
-        updated = _append(run, ev.RUN_RETRIED, payload)
+            remember(current)
+        updated = _append(run, ev.RUN_RETRIED, audited(payload, by, reason), by)
         work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-    logger.info("run %s retried from %s", run.id, payload["restore"]["cursor"])
+    logger.info("run %s retried from %s by %s", run.id, payload["restore"]["cursor"], by or "code")
     return updated

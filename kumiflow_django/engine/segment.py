@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import traceback
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from kumiflow_django.projections.runs import RUNS, WorkflowRun
 from kumiflow_django.projections.stream import Change, write
 from kumiflow_django.steps.control import EventWait, ReturnValue, StepError, Suspend, TimerWait
 from kumiflow_django.steps.runner import run_steps
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, limits
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.errors import InvalidEvent
@@ -49,12 +50,22 @@ def current_depth() -> int:
 
 @dataclass
 class Failure(Exception):
-    """A segment failed; the run ends failed with this reason and text."""
+    """A segment failed; the run ends failed with this reason and text.
+
+    A step's failure also carries what the console shows of it: the
+    traceback, the step results the run had when the step failed, and how
+    long the segment's steps took. The failed segment is rolled back, so the
+    failure (this object) is all that is left of them when the runner
+    records it in a transaction of its own.
+    """
 
     reason: str
     error: str
     cursor: list[Any] | None = None
     trail: list[str] | None = None
+    traceback: str | None = None
+    steps: dict[str, Any] | None = None
+    durations: dict[str, float] | None = None
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.error}"
@@ -68,7 +79,47 @@ class Failure(Exception):
         }
         if self.cursor is not None:
             payload["cursor"] = self.cursor
+        if self.traceback:
+            payload["traceback"] = self.traceback
+        if self.steps is not None:
+            payload["steps"] = self.steps
+        if self.durations:
+            payload["durations"] = self.durations
         return payload
+
+
+def capped_traceback(error: BaseException) -> str:
+    """The traceback of ``error`` as text, at most ``limits.TRACEBACK`` characters:
+    its start (the outermost frames) and its end (where it was raised, and the
+    message) are kept, the middle is cut."""
+    text = "".join(traceback.format_exception(error))
+    cap = limits.TRACEBACK
+    if len(text) > cap:
+        cut = len(text) - cap
+        note = f"\n… ({cut} characters of the traceback left out) …\n"
+        head = cap // 4
+        text = text[:head] + note + text[len(text) - (cap - head - len(note)) :]
+    return clean_text(text, cap)
+
+
+def capped_steps(steps: dict[str, Any]) -> dict[str, Any]:
+    """The step results as a closing event keeps them: all of them when their JSON
+    fits ``limits.CLOSING_STEPS`` bytes, else each one that still fits, in order,
+    and a note in place of the others."""
+    # The results are JSON already (each was checked when its step stored it).
+    if len(_json(steps)) <= limits.CLOSING_STEPS:
+        return dict(steps)
+    kept: dict[str, Any] = {}
+    room = limits.CLOSING_STEPS
+    for name, value in steps.items():
+        size = len(_json(value))
+        if size + len(name) + 8 <= room:
+            kept[name] = value
+            room -= size + len(name) + 8
+        else:
+            kept[name] = f"… ({size} bytes, not kept)"
+            room -= len(name) + 40
+    return kept
 
 
 class Segment:
@@ -81,8 +132,8 @@ class Segment:
             run.lease_owner, run.lease_until = "", None
         self.dispatches: list[Change[Any]] = []
 
-    def add(self, type_: str, payload: dict[str, Any]) -> Event:
-        return self.run.add(type_, payload)
+    def add(self, type_: str, payload: dict[str, Any], *, created_by: str = "") -> Event:
+        return self.run.add(type_, payload, created_by=created_by)
 
     @property
     def row(self) -> WorkflowRun:
@@ -146,7 +197,7 @@ def advance(
     except ReturnValue as returned:
         result = _result(returned.value, ctx)
         segment.add_effects(ctx)
-        segment.add(ev.RUN_COMPLETED, {"result": result, "trail": _trail(ctx)})
+        segment.add(ev.RUN_COMPLETED, _completed(result, ctx))
         return
     except StepError as failure:
         if is_transient(failure.error):
@@ -158,12 +209,33 @@ def advance(
             exc_info=(type(failure.error), failure.error, failure.error.__traceback__),
         )
         raise Failure(
-            ev.STEP_FAILED, clean_text(failure.describe(), 1000), failure.path, _trail(ctx)
+            ev.STEP_FAILED,
+            clean_text(failure.describe(), 1000),
+            failure.path,
+            _trail(ctx),
+            traceback=capped_traceback(failure.error),
+            steps=capped_steps(ctx.steps),
+            durations=ctx.durations,
         ) from failure
     finally:
         _depth.reset(token)
     segment.add_effects(ctx)
-    segment.add(ev.RUN_COMPLETED, {"result": None, "trail": _trail(ctx)})
+    segment.add(ev.RUN_COMPLETED, _completed(None, ctx))
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+
+
+def _completed(result: Any, ctx: Context) -> dict[str, Any]:
+    """The ``run-completed`` payload: the result, and for the console the steps
+    run, their results (capped) and how long they took."""
+    payload: dict[str, Any] = {"result": result, "trail": _trail(ctx)}
+    if ctx.steps:
+        payload["steps"] = capped_steps(ctx.steps)
+    if ctx.durations:
+        payload["durations"] = ctx.durations
+    return payload
 
 
 def _trail(ctx: Context) -> list[str]:
@@ -206,6 +278,8 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
         "state": _state(ctx, suspend),
         "trail": _trail(ctx),
     }
+    if ctx.durations:
+        payload["durations"] = ctx.durations
     wait = suspend.wait
     if isinstance(wait, TimerWait):
         segment.add(ev.STEP_WAITING, payload | {"wake_at": isoformat(wait.wake_at)})

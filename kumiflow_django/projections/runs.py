@@ -124,6 +124,7 @@ class WorkflowRun(models.Model):
             ("cancel_workflowrun", "Can cancel workflow runs"),
             ("retry_workflowrun", "Can retry failed workflow runs"),
             ("wake_workflowrun", "Can wake waiting workflow runs"),
+            ("send_event_workflowrun", "Can send the awaited event to a waiting workflow run"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -148,6 +149,15 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-started_at"], name="kumiflow_run_started_idx"),
             models.Index(fields=["workflow", "status"], name="kumiflow_run_workflow_idx"),
             models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
+            # The console's overview: completions and failures per minute.
+            models.Index(fields=["status", "finished_at"], name="kumiflow_run_finished_idx"),
+            # The console's search by idempotency key prefix (LIKE 'k%' on
+            # PostgreSQL needs the pattern operators; elsewhere a plain index).
+            models.Index(
+                fields=["idempotency_key"],
+                name="kumiflow_run_key_idx",
+                opclasses=["varchar_pattern_ops"],
+            ),
         ]
 
     def __str__(self) -> str:
