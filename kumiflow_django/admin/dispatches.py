@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, badge, pretty
 from kumiflow_django.admin.confirm import Operation, bulk, operate_view
 from kumiflow_django.admin.display import when_short
+from kumiflow_django.admin.timeline import stream_context
 from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
 
@@ -190,7 +191,7 @@ class DispatchAdmin(ReadOnlyAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         dispatch = self.get_object(request, unquote(object_id))  # None: Django's redirect
-        context = {
+        context: dict[str, Any] = {
             "kf_operations": []
             if dispatch is None
             else [
@@ -199,6 +200,8 @@ class DispatchAdmin(ReadOnlyAdmin):
                 if op.refuse(dispatch) is None and self.user_can(request, op.permission)
             ]
         }
+        if dispatch is not None:
+            context.update(stream_context(str(dispatch.id)))
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )

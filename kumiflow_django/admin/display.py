@@ -27,14 +27,14 @@ def relative(moment: datetime, now: datetime | None = None) -> str:
     seconds = abs(delta.total_seconds())
     if seconds < 1:
         return "now"
-    if seconds < 60:
+    if seconds < 59.5:
         amount = f"{seconds:.0f} s"
-    elif seconds < 3600:
-        amount = f"{seconds // 60:.0f} min"
-    elif seconds < 48 * 3600:
-        amount = f"{seconds // 3600:.0f} h"
+    elif seconds < 3570:
+        amount = f"{seconds / 60:.0f} min"
+    elif seconds < 47.5 * 3600:
+        amount = f"{seconds / 3600:.0f} h"
     else:
-        amount = f"{seconds // 86400:.0f} d"
+        amount = f"{seconds / 86400:.0f} d"
     return f"in {amount}" if future else f"{amount} ago"
 
 

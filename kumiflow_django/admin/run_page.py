@@ -92,6 +92,17 @@ def _events(run: WorkflowRun) -> list[Event]:
     return list(reversed(events))
 
 
+def _outbox_events(dispatches: list[Dispatch]) -> list[Event]:
+    """The latest events of the run's dispatches (requested, attempts, delivered,
+    an operator's cancel or redelivery), in log order."""
+    if not dispatches:
+        return []
+    events = Event.objects.filter(stream_id__in=[str(d.id) for d in dispatches]).order_by(
+        "-position"
+    )[:TIMELINE_EVENTS]
+    return list(reversed(events))
+
+
 def _path(cursor: Any) -> str:
     return ".".join(str(p) for p in cursor) if isinstance(cursor, list) and cursor else ""
 
@@ -167,13 +178,12 @@ for _kind in ("mail_send", "webhook_send"):
 
 
 def _notes(
-    run: WorkflowRun, steps: list[dict[str, Any]], events: list[Event]
+    run: WorkflowRun, steps: list[dict[str, Any]], events: list[Event], rows: list[Dispatch]
 ) -> dict[str, StepNote]:
     now = clock.now()
     durations = _durations(events, now)
     results = _results(run, events)
     by_step: dict[str, list[Any]] = defaultdict(list)
-    rows = Dispatch.objects.filter(run_id=run.id).order_by("created_at")[:DISPATCHES]
     for row in rows:
         by_step[row.step_path].append(row)
     cap = settings.ADMIN_PAYLOAD_CHARS
@@ -234,6 +244,7 @@ def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
 
 def context(run: WorkflowRun) -> dict[str, Any]:
     events = _events(run)
+    rows = list(Dispatch.objects.filter(run_id=run.id).order_by("created_at")[:DISPATCHES])
     definition = definition_of(run)
     steps = definition.outline["steps"] if definition.outline else None
     picture = None
@@ -243,9 +254,10 @@ def context(run: WorkflowRun) -> dict[str, Any]:
             trail=run.trail,
             cursor=run.cursor,
             status=run.status,
-            notes=_notes(run, steps, events),
+            notes=_notes(run, steps, events, rows),
         )
-    timeline: list[Line] = lines(events)
+    merged = sorted([*events, *_outbox_events(rows)], key=lambda e: e.position)
+    timeline: list[Line] = lines(merged, own_stream=str(run.id))
     return {
         "run": run,
         "active": run.status not in FINISHED,

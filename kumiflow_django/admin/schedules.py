@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 from kumiflow_django.admin.base import ReadOnlyAdmin, badge
 from kumiflow_django.admin.confirm import Operation, bulk, operate_view
 from kumiflow_django.admin.display import plain_when, when_short
+from kumiflow_django.admin.timeline import stream_context
 from kumiflow_django.cron import schedules as cron
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.projections.schedules import CronSchedule
@@ -143,7 +144,7 @@ class CronScheduleAdmin(ReadOnlyAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         schedule = self.get_object(request, unquote(object_id))  # None: Django's redirect
-        context = {
+        context: dict[str, Any] = {
             "kf_operations": []
             if schedule is None
             else [
@@ -155,6 +156,8 @@ class CronScheduleAdmin(ReadOnlyAdmin):
                 if op.refuse(schedule) is None and self.user_can(request, op.permission)
             ]
         }
+        if schedule is not None:
+            context.update(stream_context(schedule.stream_id))
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )

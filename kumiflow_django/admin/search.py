@@ -1,7 +1,8 @@
 """Finding runs by what an operator has at hand, each through an index.
 
 - the first characters of a run id (at least :data:`MIN_ID_PREFIX` hex
-  digits, as the lists show them): a range of the primary key;
+  digits, as the lists show them): a range of the primary key (on MariaDB,
+  whose UUID type orders by the last group first, a scan);
 - the start of an idempotency key: ``LIKE 'k%'`` where the database uses an
   index for it (PostgreSQL with the pattern operators, MariaDB/MySQL), a
   range of the key index on SQLite (whose ``LIKE`` ignores case and no index);
@@ -62,13 +63,29 @@ def correlation_keys(term: str) -> list[str]:
     return sorted(set(keys))
 
 
+def id_prefix(term: str) -> Q | None:
+    """Runs whose id starts with ``term``: a range of the primary key, except on
+    MariaDB's own UUID type, which orders a UUID by its last group first (so a
+    prefix is no range there: the condition is a ``LIKE``, which scans)."""
+    bounds = id_range(term)
+    if bounds is None:
+        return None
+    connection = db.connection()
+    if connection.vendor == "mysql" and connection.features.has_native_uuid_field:
+        digits = term.replace("-", "").lower()
+        dashed = "-".join(
+            part
+            for part in (digits[:8], digits[8:12], digits[12:16], digits[16:20], digits[20:])
+            if part
+        )
+        return Q(id__startswith=dashed)
+    return Q(id__gte=bounds[0], id__lte=bounds[1])
+
+
 def runs_matching(term: str) -> Q | None:
     """The condition a search term puts on the runs; None: it can match none."""
     condition: Q | None = None
-    parts = [key_prefix("idempotency_key", term)]
-    bounds = id_range(term)
-    if bounds is not None:
-        parts.append(Q(id__gte=bounds[0], id__lte=bounds[1]))
+    parts = [key_prefix("idempotency_key", term), id_prefix(term)]
     keys = correlation_keys(term)
     if keys:
         parts.append(Q(correlation_key__in=keys))

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
+
+from django.urls import reverse
 
 from kumiflow_django.admin.display import compact, json_text, plain_when
 from kumiflow_django.conf import settings
@@ -27,6 +30,7 @@ class Line:
     reason: str
     payload: str
     kind: str  # a CSS hint: "failed", "operator", "wait", "done", ""
+    source: str = ""  # whose stream, when a timeline mixes streams ("outbox 1a2b3c4d")
 
 
 def _at(value: Any) -> str:
@@ -115,6 +119,50 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
 }
 
+
+def _dispatch_failed(p: dict[str, Any]) -> str:
+    code = f" (HTTP {p['status_code']})" if p.get("status_code") else ""
+    return f"attempt {p.get('attempt')} failed{code}: {_first_line(p.get('error'), 160)}"
+
+
+_SUMMARIES.update(
+    {
+        ev.DISPATCH_REQUESTED: lambda p: (
+            f"{p.get('kind', '?')} requested by step {p.get('step') or '?'}"
+        ),
+        ev.DISPATCH_ATTEMPT_STARTED: lambda p: f"delivery attempt {p.get('attempt')} started",
+        ev.DISPATCH_ATTEMPT_FAILED: lambda p: (
+            f"{_dispatch_failed(p)}; the next at {_at(p.get('next_attempt_at'))}"
+        ),
+        ev.DISPATCHED: lambda p: (
+            f"delivered at attempt {p.get('attempt')}"
+            + (f" (HTTP {p['status_code']})" if p.get("status_code") else "")
+        ),
+        ev.DISPATCH_FAILED: lambda p: f"dead: {_dispatch_failed(p)}",
+        ev.DISPATCH_CANCELLED: lambda p: "delivery cancelled",
+        ev.DISPATCH_REDELIVERY: lambda p: "redelivery requested (a fresh retry budget)",
+        ev.CRON_REGISTERED: lambda p: (
+            f"scheduled {p.get('expression')} ({p.get('timezone')}); "
+            f"next {_at(p.get('next_fire_at'))}"
+        ),
+        ev.CRON_CHANGED: lambda p: (
+            f"changed to {p.get('expression')} ({p.get('timezone')})"
+            + (f"; next {_at(p['next_fire_at'])}" if p.get("next_fire_at") else "")
+        ),
+        ev.CRON_REMOVED: lambda p: f"disabled: {p.get('reason')}",
+        ev.CRON_FIRED: lambda p: (
+            f"fired{' by hand' if p.get('manual') else ''}: "
+            f"{len(p.get('run_ids') or [])} run(s) started"
+            + (f", {p['skipped']} skipped" if p.get("skipped") else "")
+        ),
+        ev.CRON_SKIPPED: lambda p: f"{p.get('skipped')} occurrence(s) skipped",
+        ev.CRON_ENABLED: lambda p: f"enabled; next {_at(p.get('next_fire_at'))}",
+        ev.CRON_DISABLED: lambda p: (
+            "disabled" if p.get("by") else f"disabled: {_first_line(p.get('reason'))}"
+        ),
+    }
+)
+
 _KINDS = {
     ev.RUN_FAILED: "failed",
     ev.SEGMENT_REFUSED: "failed",
@@ -122,10 +170,34 @@ _KINDS = {
     ev.STEP_WAITING: "wait",
     ev.STEP_WAITING_FOR_EVENT: "wait",
     ev.RUN_COMPLETED: "done",
+    ev.DISPATCHED: "done",
+    ev.DISPATCH_FAILED: "failed",
+    ev.DISPATCH_ATTEMPT_FAILED: "failed",
 }
 
-#: Operator actions whose payload ``reason`` is the operator's (not a default).
-_DEFAULT_REASONS = {ev.RUN_CANCELLED: "cancelled"}
+#: The events operator actions append: their ``reason`` is a person's.
+_OPERATOR_EVENTS = frozenset(
+    {
+        ev.RUN_CANCELLED,
+        ev.RUN_WOKEN,
+        ev.RUN_RETRIED,
+        ev.DISPATCH_CANCELLED,
+        ev.DISPATCH_REDELIVERY,
+        ev.CRON_FIRED,
+        ev.CRON_ENABLED,
+        ev.CRON_DISABLED,
+    }
+)
+#: The reasons they store when none is given.
+_DEFAULT_REASONS = {
+    ev.RUN_CANCELLED: "cancelled",
+    ev.DISPATCH_CANCELLED: "cancelled",
+    ev.CRON_DISABLED: "disabled by an operator",
+}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def line(event: Event) -> Line:
@@ -135,11 +207,16 @@ def line(event: Event) -> Line:
         summary = summarise(payload) if summarise else event.type
     except (KeyError, TypeError, ValueError, AttributeError):  # an odd payload: say so
         summary = f"{event.type} (unusual payload)"
-    by = payload.get("by") if isinstance(payload.get("by"), str) else ""
-    by = by or event.created_by
-    reason = payload.get("reason") if isinstance(payload.get("reason"), str) else ""
-    if event.type == ev.RUN_FAILED or reason == _DEFAULT_REASONS.get(event.type):
-        reason = ""  # a failure's reason is a machine reason, in the summary
+    by = event.created_by
+    if event.type in _OPERATOR_EVENTS:  # elsewhere "by" is the engine's (resumed by timer)
+        by = _text(payload.get("by")) or by
+    reason = _text(payload.get("reason"))
+    if (
+        event.type not in _OPERATOR_EVENTS
+        or reason == _DEFAULT_REASONS.get(event.type)
+        or (not by and reason.startswith("broken: "))
+    ):
+        reason = ""  # a machine reason: the summary says it
     kind = "operator" if by else _KINDS.get(event.type, "")
     return Line(
         event=event,
@@ -151,5 +228,31 @@ def line(event: Event) -> Line:
     )
 
 
-def lines(events: list[Event]) -> list[Line]:
-    return [line(e) for e in events]
+def lines(events: list[Event], *, own_stream: str | None = None) -> list[Line]:
+    """The lines of ``events``; those of another stream than ``own_stream``
+    (a run's dispatches, in the run's timeline) say whose they are."""
+    out = []
+    for event in events:
+        item = line(event)
+        if own_stream is not None and event.stream_id != own_stream:
+            item.source = f"outbox {event.stream_id[:8]}"
+        out.append(item)
+    return out
+
+
+#: The latest events a dispatch's or a schedule's page shows.
+STREAM_EVENTS = 100
+
+
+def stream_context(stream_id: str) -> dict[str, Any]:
+    """The timeline of one stream (a dispatch's, a schedule's) for its page."""
+    events = list(
+        reversed(Event.objects.filter(stream_id=stream_id).order_by("-version")[:STREAM_EVENTS])
+    )
+    return {
+        "timeline": lines(events),
+        "timeline_capped": len(events) == STREAM_EVENTS,
+        "events_url": reverse("admin:kumiflow_event_changelist")
+        + "?"
+        + urlencode({"stream": stream_id}),
+    }
