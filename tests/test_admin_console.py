@@ -580,14 +580,18 @@ def test_the_overview_reads_a_fixed_number_of_queries(admin_client, shop):
     assert queries() == before
 
 
-def test_the_bucket_of_a_time_is_the_same_in_the_database_and_in_python(shop, clock):
-    from django.db.models import F
-
-    run = WorkflowRun.objects.annotate(
-        minute=overview.Bucket(F("started_at"), 60), hour=overview.Bucket(F("started_at"), 3600)
-    ).get(pk=shop["sleeping"].pk)
-    epoch = int(run.started_at.timestamp())
-    assert (run.minute, run.hour) == (epoch // 60, epoch // 3600)
+def test_an_interval_holds_the_runs_from_its_start_to_just_before_its_end(registry, clock):
+    define_workflow("tick", steps=[s.wait("P1D")])
+    start = clock.now()
+    start_workflow("tick")  # at 0 s: the first minute
+    clock.advance(seconds=59.999)
+    start_workflow("tick")  # still the first minute
+    clock.advance(seconds=0.001)
+    start_workflow("tick")  # at 60 s: the second
+    [counts] = overview.interval_counts([("started_at", None, start, 60, 3)])
+    assert counts == [2, 1, 0]
+    [hours] = overview.interval_counts([("started_at", "waiting", start, 3600, 2)])
+    assert hours == [3, 0]
 
 
 # -- checks, demo --------------------------------------------------------------------------------

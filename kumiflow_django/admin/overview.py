@@ -7,9 +7,9 @@ finished runs in the store:
   at :data:`CAP` rows (an index range of ``(workflow, status)``); a count
   that reaches the cap reads "10,000+";
 - starts, completions and failures per minute over the last hour and per
-  hour over the last day: grouped in the database over the index ranges of
-  ``started_at`` and ``(status, finished_at)`` (their cost grows with the
-  runs of the last day, not with the store);
+  hour over the last day: a count over an index range per interval
+  (``started_at``, ``(status, finished_at)``), all in one statement (their
+  cost grows with the runs of the last day, not with the store);
 - the due backlog, its oldest item and the wake lateness: the ``wake_at``
   index range up to now;
 - the outbox: capped counts by status, the delivery lag from the
@@ -21,14 +21,15 @@ Every number links to the list behind it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import BigIntegerField, Count, Func, QuerySet
-from django.urls import reverse
+from django.db.models import QuerySet, Value
+from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 
 from kumiflow_django.admin.charts import Bar, bars
@@ -60,32 +61,6 @@ OUTBOX_STATUSES = [
 ]
 
 
-class Bucket(Func):
-    """The number of the ``seconds``-long interval since the epoch that a time
-    falls in: an integer on every database, computed without a function call
-    per row into Python (Django's ``Trunc`` on SQLite is one)."""
-
-    output_field = BigIntegerField()
-
-    def __init__(self, expression: Any, seconds: int) -> None:
-        super().__init__(expression)
-        self.seconds = int(seconds)
-
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:  # type: ignore[override]
-        column, params = compiler.compile(self.source_expressions[0])
-        n = self.seconds
-        if connection.vendor == "postgresql":
-            sql = f"(CAST(EXTRACT(EPOCH FROM {column}) AS BIGINT) / {n})"
-        elif connection.vendor == "mysql":
-            sql = f"(TIMESTAMPDIFF(SECOND, '1970-01-01 00:00:00', {column}) DIV {n})"
-        else:  # SQLite: julianday, rounded to milliseconds (a double's precision)
-            sql = (
-                f"(CAST(ROUND((julianday({column}) - 2440587.5) * 86400000) AS INTEGER) "
-                f"/ {n * 1000})"
-            )
-        return sql, params
-
-
 @dataclass(frozen=True)
 class Figure:
     """A count and the list behind it."""
@@ -106,7 +81,9 @@ def capped_counts(querysets: Sequence[QuerySet[Any, Any]]) -> list[int]:
     connection = db.connection()
     parts, params = [], []
     for i, qs in enumerate(querysets):
-        inner = qs.order_by().values("pk")[: CAP + 1]
+        # A constant, not the key: the count reads the index alone (a covering
+        # scan), never the table's rows.
+        inner = qs.order_by().annotate(kf_one=Value(1)).values("kf_one")[: CAP + 1]
         sql, inner_params = inner.query.get_compiler(using=db.alias()).as_sql()
         parts.append(f"SELECT {i} AS k, COUNT(*) AS n FROM ({sql}) kf{i}")  # noqa: S608
         params.extend(inner_params)
@@ -122,14 +99,23 @@ def _figure(n: int, url: str) -> Figure:
     return Figure(min(n, CAP), url, capped=n > CAP)
 
 
+@functools.lru_cache(maxsize=16)
+def _changelist(name: str, prefix: str, urlconf: Any) -> str:
+    return reverse(f"admin:kumiflow_{name}_changelist", urlconf=urlconf)
+
+
+def _list_url(name: str, params: dict[str, Any]) -> str:
+    # A few hundred links per page: the list's address is looked up once.
+    base = _changelist(name, get_script_prefix(), get_urlconf())
+    return base + "?" + urlencode({k: _param(v) for k, v in params.items()})
+
+
 def runs_url(**params: Any) -> str:
-    query = {k: _param(v) for k, v in params.items()}
-    return reverse("admin:kumiflow_workflowrun_changelist") + "?" + urlencode(query)
+    return _list_url("workflowrun", params)
 
 
 def dispatches_url(**params: Any) -> str:
-    query = {k: _param(v) for k, v in params.items()}
-    return reverse("admin:kumiflow_dispatch_changelist") + "?" + urlencode(query)
+    return _list_url("dispatch", params)
 
 
 def _param(value: Any) -> str:
@@ -141,13 +127,38 @@ def _param(value: Any) -> str:
 # -- runs per workflow and status ---------------------------------------------
 
 
+def equal_counts(conditions: Sequence[dict[str, str]]) -> list[int]:
+    """The runs whose fields equal each condition's values, each counted up to
+    CAP + 1 over an index range, in one statement (written here, not by the
+    ORM: compiling a hundred querysets costs more than running them)."""
+    if not conditions:
+        return []
+    connection = db.connection()
+    qn = connection.ops.quote_name
+    meta = WorkflowRun._meta
+    parts, params = [], []
+    for i, condition in enumerate(conditions):
+        where = " AND ".join(f"{qn(meta.get_field(f).column)} = %s" for f in condition)
+        # Names come from the model, quoted; values are parameters.
+        parts.append(
+            f"SELECT {i} AS k, COUNT(*) AS n FROM (SELECT 1 AS one FROM "  # noqa: S608
+            f"{qn(meta.db_table)} WHERE {where} LIMIT {CAP + 1}) kf{i}"
+        )
+        params.extend(condition.values())
+    counts = [0] * len(conditions)
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for k, n in cursor.fetchall():
+            counts[int(k)] = int(n)
+    return counts
+
+
 def status_table() -> dict[str, Any]:
     names = sorted(w.name for w in registry.current())
-    runs = WorkflowRun.objects.all()
-    querysets = [runs.filter(status=s) for s in STATUSES]
+    conditions = [{"status": str(s)} for s in STATUSES]
     for name in names:
-        querysets += [runs.filter(workflow=name, status=s) for s in STATUSES]
-    counts = capped_counts(querysets)
+        conditions += [{"workflow": name, "status": str(s)} for s in STATUSES]
+    counts = equal_counts(conditions)
     total = [
         _figure(n, runs_url(status__exact=s.value))
         for n, s in zip(counts[: len(STATUSES)], STATUSES, strict=True)
@@ -171,26 +182,40 @@ def status_table() -> dict[str, Any]:
 # -- throughput ---------------------------------------------------------------
 
 
-def _series(
-    qs: QuerySet[Any, Any], field: str, start: datetime, step: int, count: int, by_status: bool
-) -> dict[str, list[int]]:
-    """Counts per ``step``-second bucket from ``start``, per status if ``by_status``."""
-    end = start + timedelta(seconds=step * count)
-    first = int(start.timestamp()) // step
-    rows = (
-        qs.filter(**{f"{field}__gte": start, f"{field}__lt": end})
-        .annotate(kf_bucket=Bucket(field, step))
-        .values(*(["status"] if by_status else []), "kf_bucket")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    out: dict[str, list[int]] = {}
-    for row in rows:
-        key = row["status"] if by_status else "all"
-        values = out.setdefault(key, [0] * count)
-        index = int(row["kf_bucket"]) - first
-        if 0 <= index < count:
-            values[index] += int(row["n"])
+def interval_counts(
+    series: Sequence[tuple[str, str | None, datetime, int, int]],
+) -> list[list[int]]:
+    """For each series (a time column, a status or None, the start, the interval
+    in seconds, the number of intervals): the runs in each interval. Every
+    interval is a count over an index range (``started_at``, or ``(status,
+    finished_at)``): no function of a row is computed, no row is read, and all
+    of them are one statement."""
+    connection = db.connection()
+    qn = connection.ops.quote_name
+    meta = WorkflowRun._meta
+    table = qn(meta.db_table)
+    status_column = qn(meta.get_field("status").column)
+    adapt = connection.ops.adapt_datetimefield_value
+    columns: list[str] = []
+    params: list[Any] = []
+    for field, status, start, step, count in series:
+        column = qn(meta.get_field(field).column)
+        where = f"{column} >= %s AND {column} < %s"
+        if status is not None:
+            where = f"{status_column} = %s AND {where}"
+        for i in range(count):
+            begin = start + timedelta(seconds=step * i)
+            # Names come from the model, quoted; values are parameters.
+            columns.append(f"(SELECT COUNT(*) FROM {table} WHERE {where})")  # noqa: S608
+            params += [] if status is None else [status]
+            params += [adapt(begin), adapt(begin + timedelta(seconds=step))]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(columns), params)
+        row = [int(n) for n in cursor.fetchone()]
+    out, at = [], 0
+    for *_, count in series:
+        out.append(row[at : at + count])
+        at += count
     return out
 
 
@@ -232,23 +257,19 @@ def throughput(now: datetime) -> list[dict[str, Any]]:
         ("the last hour, per minute", minute - timedelta(hours=1), 60, 60),
         ("the last day, per hour", hour - timedelta(days=1), 3600, 24),
     ):
-        runs = WorkflowRun.objects.all()
-        started = _series(runs, "started_at", start, step, count, by_status=False)
-        finished = _series(
-            runs.filter(status__in=[RunStatus.COMPLETED, RunStatus.FAILED]),
-            "finished_at",
-            start,
-            step,
-            count,
-            by_status=True,
+        started, completed, failed = interval_counts(
+            [
+                ("started_at", None, start, step, count),
+                ("finished_at", RunStatus.COMPLETED, start, step, count),
+                ("finished_at", RunStatus.FAILED, start, step, count),
+            ]
         )
-        empty = [0] * count
         windows.append(
             {
                 "name": name,
                 "charts": [
                     _chart(
-                        started.get("all", empty),
+                        started,
                         start,
                         step,
                         css="kf-bar-started",
@@ -256,7 +277,7 @@ def throughput(now: datetime) -> list[dict[str, Any]]:
                         url=lambda a, b: runs_url(started_at__gte=a, started_at__lt=b),
                     ),
                     _chart(
-                        finished.get(RunStatus.COMPLETED, empty),
+                        completed,
                         start,
                         step,
                         css="kf-bar-completed",
@@ -266,7 +287,7 @@ def throughput(now: datetime) -> list[dict[str, Any]]:
                         ),
                     ),
                     _chart(
-                        finished.get(RunStatus.FAILED, empty),
+                        failed,
                         start,
                         step,
                         css="kf-bar-failed",
@@ -288,19 +309,26 @@ def _age(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else max((now - moment).total_seconds(), 0.0)
 
 
+#: The runs the "stalled now" figure looks at: the longest due (the resume
+#: loop leases the earliest due first, so a dead worker's leases are there).
+STALLED_WINDOW = 1000
+
+
 def backlog(now: datetime) -> dict[str, Any]:
-    """Runs due now (their wake time has come), and how late they are."""
-    due = WorkflowRun.objects.filter(wake_at__lte=now)
-    late = list(due.order_by("wake_at").values_list("wake_at", flat=True)[: CAP + 1])
-    stalled = due.filter(lease_until__lt=now).exclude(lease_owner="")
-    [stalled_count] = capped_counts([stalled])
-    ages = sorted(_age(at, now) or 0.0 for at in late[:CAP])
-    median = ages[len(ages) // 2] if ages else None
+    """Runs due now (their wake time has come), and how late they are; all
+    from the ``wake_at`` index (its range up to now)."""
+    due = WorkflowRun.objects.filter(wake_at__lte=now).order_by("wake_at")
+    [count] = capped_counts([due])
+    oldest = due.values_list("wake_at", flat=True).first()
+    median = due.values_list("wake_at", flat=True)[min(count, CAP) // 2] if count else None
+    leases = due.values_list("lease_owner", "lease_until")[:STALLED_WINDOW]
+    stalled = sum(1 for owner, until in leases if owner and until is not None and until < now)
     return {
-        "due": _figure(len(late), runs_url(attention="due")),
-        "oldest": _age(late[0], now) if late else None,
-        "median_lateness": median,
-        "stalled": _figure(stalled_count, runs_url(attention="stalled")),
+        "due": _figure(count, runs_url(attention="due")),
+        "oldest": _age(oldest, now),
+        "median_lateness": _age(median, now),
+        "stalled": Figure(stalled, runs_url(attention="stalled")),
+        "stalled_window": STALLED_WINDOW,
     }
 
 

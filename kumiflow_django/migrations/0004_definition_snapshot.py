@@ -5,6 +5,8 @@
   the definition it ran on, also after a deploy changed it);
 - ``kumiflow_run_finished_idx``: completions and failures per minute for the
   overview, from an index range;
+- ``kumiflow_run_wf_started_idx``: the run list filtered by workflow, newest
+  first, a page at a time;
 - ``kumiflow_run_key_idx``: search by idempotency key prefix (with the
   pattern operators on PostgreSQL, where ``LIKE 'k%'`` needs them);
 - ``send_event_workflowrun``: sending the awaited event to a waiting run.
@@ -58,6 +60,12 @@ class Migration(migrations.Migration):
                 "verbose_name": "workflow run",
                 "verbose_name_plural": "workflow runs",
             },
+        ),
+        migrations.AddIndex(
+            model_name="workflowrun",
+            index=models.Index(
+                fields=["workflow", "-started_at"], name="kumiflow_run_wf_started_idx"
+            ),
         ),
         migrations.AddIndex(
             model_name="workflowrun",

@@ -149,6 +149,9 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-started_at"], name="kumiflow_run_started_idx"),
             models.Index(fields=["workflow", "status"], name="kumiflow_run_workflow_idx"),
             models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
+            # The run list filtered by workflow, newest first, a page at a time
+            # (whatever the number of the workflow's runs).
+            models.Index(fields=["workflow", "-started_at"], name="kumiflow_run_wf_started_idx"),
             # The console's overview: completions and failures per minute.
             models.Index(fields=["status", "finished_at"], name="kumiflow_run_finished_idx"),
             # The console's search by idempotency key prefix (LIKE 'k%' on
