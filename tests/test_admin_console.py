@@ -72,6 +72,13 @@ def shop(registry, clock):
     }
 
 
+def found(pattern: str, text: str, group: int = 0) -> str:
+    """What ``pattern`` matches in ``text`` (across lines); the test fails if nothing."""
+    match = re.search(pattern, text, re.S)
+    assert match is not None, pattern
+    return match.group(group)
+
+
 def run_url(run) -> str:
     return reverse("admin:kumiflow_workflowrun_change", args=[run.pk])
 
@@ -156,9 +163,9 @@ def test_a_completed_run_keeps_the_results_and_durations_of_its_last_segment(reg
 def test_the_picture_shows_results_durations_waits_and_deliveries(admin_client, shop, clock):
     clock.advance(hours=2)
     page = admin_client.get(run_url(shop["waiting"])).content.decode()
-    mail = re.search(r'data-path="0">.*?</li>', page, re.S).group(0)
+    mail = found(r'data-path="0">.*?</li>', page)
     assert "delivery:" in mail and "kf-delivery-pending" in mail, "requested, not delivered"
-    wait = re.search(r'data-path="1">.*?</li>', page, re.S).group(0)
+    wait = found(r'data-path="1">.*?</li>', page)
     assert "waited 2 h" in wait
 
     run_until_idle()  # the dispatch loop delivers the mail
@@ -166,7 +173,7 @@ def test_the_picture_shows_results_durations_waits_and_deliveries(admin_client, 
     assert "kf-delivery-delivered" in page
 
     page = admin_client.get(run_url(shop["failed"])).content.decode()
-    read = re.search(r'data-path="0">.*?</li>', page, re.S).group(0)
+    read = found(r'data-path="0">.*?</li>', page)
     assert re.search(r'class="kf-took">[\d.]+ ms<', read), "how long the read took"
     assert '<code class="kf-value">null</code>' in read, "its result"
 
@@ -257,7 +264,7 @@ def test_each_run_operation_confirms_first_then_records_operator_and_reason(
     assert event.payload["by"] == "admin"
     assert event.payload["reason"] == "ticket <b>#42</b>"
     page = response.content.decode()
-    line = re.search(r'<li class="kf-event kf-line-operator".*?</summary>', page, re.S).group(0)
+    line = found(r'<li class="kf-event kf-line-operator".*?</summary>', page)
     assert summary in line
     assert "by admin" in line
     assert "ticket &lt;b&gt;#42&lt;/b&gt;" in line, "escaped"
@@ -346,7 +353,7 @@ def test_operations_and_sending_an_event_need_the_csrf_token(shop):
     send = reverse("admin:kumiflow_workflowrun_send_event", args=[shop["waiting"].pk])
     assert client.post(send, {"stream_id": "refund-1"}).status_code == 403
     page = client.get(operate_url(shop["sleeping"], "cancel")).content.decode()
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    token = found(r'name="csrfmiddlewaretoken" value="([^"]+)"', page, 1)
     response = client.post(operate_url(shop["sleeping"], "cancel"), {"csrfmiddlewaretoken": token})
     assert response.status_code == 302
     assert WorkflowRun.objects.get(pk=shop["sleeping"].pk).status == RunStatus.CANCELLED

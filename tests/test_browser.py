@@ -124,7 +124,7 @@ def confirm(page, button: str, reason: str) -> None:
 
 
 def timeline_line(page, summary: str) -> str:
-    return page.locator(".kf-lines summary", has_text=summary).last.inner_text()
+    return str(page.locator(".kf-lines summary", has_text=summary).last.inner_text())
 
 
 def test_the_overview_counts_charts_and_links(page, live_server, shop):
@@ -254,6 +254,7 @@ def test_redeliver_and_fire_now_through_their_confirmation_pages(page, live_serv
     line = timeline_line(page, "redelivery requested")
     assert "by ops" in line and "address fixed" in line
     # the run's own timeline shows its outbox's events too
+    assert pending.run_id is not None
     run = WorkflowRun.objects.get(pk=pending.run_id)
     page.goto(run_page(live_server, run))
     assert "redelivery requested" in page.inner_text(".kf-timeline")

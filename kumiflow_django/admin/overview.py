@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import QuerySet, Value
+from django.db.models import Field, QuerySet, Value
 from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 
@@ -127,6 +127,17 @@ def _param(value: Any) -> str:
 # -- runs per workflow and status ---------------------------------------------
 
 
+def _column(name: str) -> str:
+    """The quoted column of one of the run table's fields."""
+    field = WorkflowRun._meta.get_field(name)
+    assert isinstance(field, Field) and field.column is not None
+    return str(db.connection().ops.quote_name(field.column))
+
+
+def _table() -> str:
+    return str(db.connection().ops.quote_name(str(WorkflowRun._meta.db_table)))
+
+
 def equal_counts(conditions: Sequence[dict[str, str]]) -> list[int]:
     """The runs whose fields equal each condition's values, each counted up to
     CAP + 1 over an index range, in one statement (written here, not by the
@@ -134,15 +145,14 @@ def equal_counts(conditions: Sequence[dict[str, str]]) -> list[int]:
     if not conditions:
         return []
     connection = db.connection()
-    qn = connection.ops.quote_name
-    meta = WorkflowRun._meta
-    parts, params = [], []
+    parts: list[str] = []
+    params: list[str] = []
     for i, condition in enumerate(conditions):
-        where = " AND ".join(f"{qn(meta.get_field(f).column)} = %s" for f in condition)
+        where = " AND ".join(f"{_column(f)} = %s" for f in condition)
         # Names come from the model, quoted; values are parameters.
         parts.append(
             f"SELECT {i} AS k, COUNT(*) AS n FROM (SELECT 1 AS one FROM "  # noqa: S608
-            f"{qn(meta.db_table)} WHERE {where} LIMIT {CAP + 1}) kf{i}"
+            f"{_table()} WHERE {where} LIMIT {CAP + 1}) kf{i}"
         )
         params.extend(condition.values())
     counts = [0] * len(conditions)
@@ -191,15 +201,13 @@ def interval_counts(
     finished_at)``): no function of a row is computed, no row is read, and all
     of them are one statement."""
     connection = db.connection()
-    qn = connection.ops.quote_name
-    meta = WorkflowRun._meta
-    table = qn(meta.db_table)
-    status_column = qn(meta.get_field("status").column)
+    table = _table()
+    status_column = _column("status")
     adapt = connection.ops.adapt_datetimefield_value
     columns: list[str] = []
     params: list[Any] = []
     for field, status, start, step, count in series:
-        column = qn(meta.get_field(field).column)
+        column = _column(field)
         where = f"{column} >= %s AND {column} < %s"
         if status is not None:
             where = f"{status_column} = %s AND {where}"
