@@ -516,6 +516,14 @@ def test_the_overview_counts_runs_per_workflow_and_status_with_links(admin_clien
     )
 
 
+def test_the_overview_needs_the_permission_to_view_runs(client, shop):
+    user = User.objects.create_user("nobody", password="pw", is_staff=True)
+    client.force_login(user)
+    assert client.get(reverse("admin:kumiflow_overview")).status_code == 403
+    client.force_login(staff_with())
+    assert client.get(reverse("admin:kumiflow_overview")).status_code == 200
+
+
 def test_a_count_stops_at_the_cap(admin_client, registry, monkeypatch):
     monkeypatch.setattr(overview, "CAP", 3)
     define_workflow("many", steps=[s.wait("P1D")])

@@ -32,6 +32,7 @@ from kumiflow_django.admin.picture import find
 from kumiflow_django.admin.search import runs_matching
 from kumiflow_django.admin.send_event import send_event_view
 from kumiflow_django.definition import matching
+from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.engine import operations
 from kumiflow_django.engine.operations import WAKEABLE, retry_point
@@ -270,21 +271,12 @@ def business_keys(runs: Sequence[WorkflowRun]) -> None:
     for run in wanted:
         source: Any = events.get(run.trigger_position) if run.trigger_position else None
         if source is None and run.trigger_position is None:
-            source = _Stand(run.input or {})
+            # A run started by hand or by cron: its input is its trigger's payload.
+            source = TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id="")
         if source is not None:
             value = matching.value_at(source, paths[run.workflow])
             if isinstance(value, str | int | float) and not isinstance(value, bool):
                 run.business_key = str(value)  # type: ignore[attr-defined]
-
-
-class _Stand:
-    """The trigger of a run no stored event started: its input is its payload."""
-
-    stream_id = stream_type = ""
-    metadata: dict[str, Any] = {}
-
-    def __init__(self, payload: dict[str, Any]) -> None:
-        self.payload = payload
 
 
 # -- the admin ------------------------------------------------------------------------
