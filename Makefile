@@ -42,10 +42,13 @@ fmt: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The development server, styled: DEBUG=true makes runserver serve the
+# admin's static files (the testproject's DEBUG is off unless asked for).
+SERVE_ADDR ?= 127.0.0.1:8000
 serve: venv
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py demo --superuser-only
-	$(PY) manage.py runserver 127.0.0.1:8000
+	DEBUG=true $(PY) manage.py runserver $(SERVE_ADDR)
 
 # BENCH_ARGS="--peer dbos" adds DBOS Transact (installed into .venv on demand).
 BENCH_ARGS ?=

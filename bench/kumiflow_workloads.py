@@ -432,4 +432,173 @@ def w8(db: str) -> dict[str, Any]:
     }
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8}
+# -- W12: the console on a million runs ----------------------------------------------
+
+#: How many runs W12 loads (BENCH_W12_RUNS; the console's target is for 1,000,000).
+W12_RUNS = int(os.environ.get("BENCH_W12_RUNS", "1000000"))
+#: W12 spreads the runs' starts over this many days (33,333 a day at a million).
+W12_DAYS = 30
+W12_WORKFLOWS = ["bench-w1", "bench-w2", "bench-w3", "bench-w5", "bench-w6"]
+
+_RUN_COLUMNS = (
+    "id, tenant_id, workflow, workflow_version, fingerprint, status, start_mode, cursor, state, "
+    "trail, wake_at, awaited_event_type, correlation_key, awaited_match, since_position, "
+    "since_gaps, awaited_after, matched_position, attempt, last_error, reason, result, input, "
+    "trigger_type, trigger_position, idempotency_key, version, recoveries, lease_owner, "
+    "lease_until, started_at, updated_at, finished_at"
+)
+# Per mille of the runs in each status, by x % 1000: a store most of whose runs finished.
+_STATUS = (
+    "CASE WHEN m < 900 THEN 'completed' WHEN m < 930 THEN 'failed' "
+    "WHEN m < 950 THEN 'cancelled' WHEN m < 980 THEN 'waiting' "
+    "WHEN m < 995 THEN 'waiting_event' WHEN m < 998 THEN 'retry_scheduled' "
+    "WHEN m < 999 THEN 'running' ELSE 'pending' END"
+)
+
+
+def _w12_sql(vendor: str, n: int) -> list[str]:
+    """INSERT … SELECT statements that generate the runs and outbox rows in the
+    database (a million rows in seconds, no Python per row)."""
+    step = W12_DAYS * 86400 / n  # seconds between two starts
+    pg = vendor == "postgresql"
+
+    def series(count: int) -> str:
+        if pg:
+            return (
+                f"SELECT x, x % 1000 AS m, now() - make_interval(secs => x * {step}) AS started "
+                f"FROM generate_series(1, {count}) AS x"
+            )
+        return (  # SQLite: a recursive series; times as Django stores them (UTC text)
+            f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {count}) "
+            f"SELECT x, x % 1000 AS m, strftime('%Y-%m-%d %H:%M:%f', 'now', "
+            f"'-' || (x * {step}) || ' seconds') AS started FROM c"
+        )
+
+    def later(seconds: str) -> str:
+        if pg:
+            return f"started + make_interval(secs => {seconds})"
+        return f"strftime('%Y-%m-%d %H:%M:%f', started, '+' || ({seconds}) || ' seconds')"
+
+    def js(text: str) -> str:
+        return f"'{text}'::jsonb" if pg else f"'{text}'"
+
+    uuid = "gen_random_uuid()" if pg else "lower(hex(randomblob(16)))"
+    workflow = (
+        "CASE x % 5 "
+        + " ".join(f"WHEN {i} THEN '{w}'" for i, w in enumerate(W12_WORKFLOWS))
+        + " END"
+    )
+    state = '{"steps": {}, "loops": {}, "retries": {}, "consumed": {}}'
+    wake = (
+        f"CASE WHEN m >= 950 AND m < 980 THEN {later('86400 * (1 + x % 7)')} "
+        f"WHEN m >= 980 AND m < 995 THEN {later('259200')} "
+        f"WHEN m >= 995 AND m < 998 THEN {later('3600')} "
+        f"WHEN m = 999 THEN started END"
+    )
+    waits = "m >= 980 AND m < 995"
+    failed = "m >= 900 AND m < 930"
+    runs = (
+        f"INSERT INTO kumiflow_workflowrun ({_RUN_COLUMNS}) SELECT {uuid}, 'default', "
+        f"{workflow}, '', '{'0' * 64}', {_STATUS}, 'inline', NULL, {js(state)}, {js('[]')}, "
+        f"{wake}, CASE WHEN {waits} THEN 'bench.approved' ELSE '' END, "
+        f"CASE WHEN {waits} THEN 'k' || x ELSE '' END, NULL, 0, NULL, NULL, NULL, 1, "
+        f"CASE WHEN {failed} THEN 'ValueError at step 2' ELSE '' END, "
+        f"CASE WHEN {failed} THEN 'step_failed' ELSE '' END, NULL, NULL, 'manual', NULL, "
+        f"CASE WHEN x % 2 = 0 THEN 'order:' || x END, 3, 0, '', NULL, started, started, "
+        f"CASE WHEN m < 950 THEN {later('x % 600')} END FROM ({series(n)}) AS s"
+    )
+    outbox = (
+        "INSERT INTO kumiflow_dispatch (id, tenant_id, run_id, step_path, kind, status, request, "
+        "retry, attempts, next_attempt_at, last_error, last_status_code, version, created_at, "
+        "updated_at, delivered_at) "
+        f"SELECT {uuid}, 'default', NULL, '0', 'webhook', CASE WHEN m < 990 THEN 'delivered' "
+        f"WHEN m < 999 THEN 'pending' ELSE 'dead' END, {js('{}')}, {js('{}')}, 1, "
+        f"CASE WHEN m >= 990 AND m < 999 THEN started END, '', 200, 2, started, started, "
+        f"CASE WHEN m < 990 THEN started END FROM ({series(n // 5)}) AS s"
+    )
+    return [runs, outbox]
+
+
+def _timed_get(client: Any, url: str, repeat: int) -> dict[str, float]:
+    """Server time of a page: the request through Django in this process (URL
+    routing, middleware, the view's queries, the template), no network."""
+    for _ in range(3):
+        response = client.get(url)
+        assert response.status_code == 200, (url, response.status_code)
+    samples = []
+    for _ in range(repeat):
+        begin = time.perf_counter()
+        client.get(url)
+        samples.append((time.perf_counter() - begin) * 1000)
+    return {
+        "median_ms": round(median(samples), 1),
+        "p95_ms": round(percentile(samples, 95) or 0, 1),
+    }
+
+
+def w12(db: str) -> dict[str, Any]:
+    """The console's overview and run list with a million runs in the store (and
+    200,000 outbox rows): each page's server time, median and p95 of 30 requests.
+
+    Not in the default set (``--only W12``): loading takes a minute and a
+    gigabyte of disk. ``BENCH_W12_RUNS`` sets the number of runs."""
+    setup_django(database_url(db, "kumiflow_bench_w12"))
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+
+    from kumiflow_django.models import WorkflowRun
+
+    n = W12_RUNS
+    began = time.perf_counter()
+    with connection.cursor() as cursor:
+        for statement in _w12_sql(connection.vendor, n):
+            cursor.execute(statement)
+        cursor.execute("ANALYZE")
+    if connection.vendor == "postgresql":  # an index-only scan needs the visibility map
+        connection.ensure_connection()
+        raw = connection.connection
+        raw.autocommit = True
+        with raw.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE kumiflow_workflowrun")
+            cursor.execute("VACUUM ANALYZE kumiflow_dispatch")
+    load_s = time.perf_counter() - began
+    assert WorkflowRun.objects.count() == n
+
+    user = User.objects.create_superuser("bench", "bench@example.com", "bench")
+    client = Client()
+    client.force_login(user)
+    sample = WorkflowRun.objects.filter(status="failed").order_by("-started_at").first()
+    assert sample is not None
+    pages = {
+        "overview": "/admin/kumiflow/workflowrun/overview/",
+        "run_list": "/admin/kumiflow/workflowrun/",
+        "run_list_failed": "/admin/kumiflow/workflowrun/?status__exact=failed",
+        "run_list_workflow": "/admin/kumiflow/workflowrun/?workflow=bench-w3",
+        "run_list_due": "/admin/kumiflow/workflowrun/?attention=due",
+        "search_id_prefix": f"/admin/kumiflow/workflowrun/?q={str(sample.pk)[:8]}",
+        "search_key_prefix": "/admin/kumiflow/workflowrun/?q=order:12345",
+        "run_page": f"/admin/kumiflow/workflowrun/{sample.pk}/change/",
+    }
+    result: dict[str, Any] = {"runs": n, "load_s": round(load_s, 1)}
+    for name, url in pages.items():
+        timing = _timed_get(client, url, 30)
+        result[f"{name}_ms"] = timing["median_ms"]
+        result[f"{name}_p95_ms"] = timing["p95_ms"]
+    # Server time on a shared machine: say how busy it was.
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    result["cpus"] = os.cpu_count()
+    return result
+
+
+WORKLOADS = {
+    "W1": w1,
+    "W2": w2,
+    "W3": w3,
+    "W4": w4,
+    "W5": w5,
+    "W6": w6,
+    "W7": w7,
+    "W8": w8,
+    "W12": w12,
+}

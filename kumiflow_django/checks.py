@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings as django_settings
 from django.core import checks
 
@@ -289,3 +290,39 @@ def sqlite_warnings(databases: Mapping[str, Any]) -> list[checks.CheckMessage]:
                 )
             )
     return warnings
+
+
+#: Step kinds whose ``model`` argument names a Django model.
+MODEL_STEP_PREFIXES = ("read.", "model.")
+
+
+@checks.register()
+def check_model_labels(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Every ``"app_label.ModelName"`` a read or model step names is an installed
+    model: a typo fails ``manage.py check`` (and ``runserver``, ``migrate``) at
+    startup, not a run in production. (Labels are checked when the workflow is
+    defined only if the app registry is ready then, which it is not while
+    ``workflows.py`` modules are imported.)"""
+    errors: list[checks.CheckMessage] = []
+    for workflow in registry.all_versions():
+        for path, step in walk(workflow.steps):
+            label = step.args.get("model") if step.kind.startswith(MODEL_STEP_PREFIXES) else None
+            if not isinstance(label, str):
+                continue
+            try:
+                if label.count(".") != 1:
+                    raise LookupError("it is not of the form 'app_label.ModelName'")
+                apps.get_model(label)
+            except LookupError as exc:
+                version = f" (version {workflow.version})" if workflow.version else ""
+                errors.append(
+                    checks.Error(
+                        f"Workflow {workflow.name!r}{version}, step {path_text(path)} "
+                        f"({step.kind}): {label!r} is not an installed model ({exc}).",
+                        hint="Use 'app_label.ModelName' of an app in INSTALLED_APPS "
+                        "(the app label is the last part of the app's name by default).",
+                        id="kumiflow.E100",
+                        obj=workflow.name,
+                    )
+                )
+    return errors

@@ -1,5 +1,5 @@
 """Build the wheel and check what it holds: the package with its migrations,
-templates and py.typed, and nothing of the testproject or the tests."""
+templates, static files and py.typed, and nothing of the testproject or the tests."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ def main() -> int:
         problems.append("no LICENSE in the dist-info")
     if not any(n.startswith("kumiflow_django/templates/") and n.endswith(".html") for n in names):
         problems.append("no templates")
+    for static in (
+        "kumiflow_django/static/kumiflow/console.css",
+        "kumiflow_django/static/kumiflow/console.js",
+    ):
+        if static not in names:
+            problems.append(f"missing {static}")
     for forbidden in ("testproject/", "tests/", "bench/", "docs/"):
         if any(n.startswith(forbidden) for n in names):
             problems.append(f"contains {forbidden}")

@@ -10,7 +10,14 @@ from django.urls import reverse
 
 from kumiflow_django import append_event, define_workflow, on_cron, on_event, start_workflow
 from kumiflow_django import steps as s
-from kumiflow_django.models import CronSchedule, Dispatch, Event, RunStatus, WorkflowRun
+from kumiflow_django.models import (
+    CronSchedule,
+    DefinitionSnapshot,
+    Dispatch,
+    Event,
+    RunStatus,
+    WorkflowRun,
+)
 from kumiflow_django.workers.cron import CronLoop
 
 pytestmark = pytest.mark.django_db
@@ -144,16 +151,24 @@ def test_a_user_without_the_permission_sees_no_operation_and_gets_403(client, st
     assert 'id="kf-retry"' in client.get(run_url(run)).content.decode()
 
 
-def test_actions_report_the_runs_they_skipped_and_why(admin_client, flows):
+def test_actions_confirm_first_then_report_the_runs_they_skipped_and_why(admin_client, flows):
     url = reverse("admin:kumiflow_workflowrun_changelist")
-    response = admin_client.post(
-        url,
-        {"action": "wake_runs", "_selected_action": [flows["waiting"].pk, flows["failed"].pk]},
-        follow=True,
-    )
+    selected = {
+        "action": "wake_runs",
+        "_selected_action": [flows["waiting"].pk, flows["failed"].pk],
+    }
+    confirmation = admin_client.post(url, selected)
+    assert confirmation.status_code == 200, "a confirmation page, nothing done yet"
+    page = confirmation.content.decode()
+    assert "applies to 1 of the 2 selected" in page
+    assert "skipped: the run is failed, not waiting" in page
+    flows["waiting"].refresh_from_db()
+    assert flows["waiting"].status == RunStatus.WAITING_EVENT
+
+    response = admin_client.post(url, {**selected, "confirm": "yes"}, follow=True)
     text = " ".join(str(m) for m in response.context["messages"])
     assert "1 workflow run woken" in text
-    assert f"Skipped 1: {flows['failed'].pk}: run {flows['failed'].pk} is failed" in text
+    assert f"Skipped 1: {flows['failed'].pk}: the run is failed, not waiting" in text
 
 
 def test_nothing_can_be_added_changed_or_deleted(admin_client, flows):
@@ -171,10 +186,11 @@ def test_nothing_can_be_added_changed_or_deleted(admin_client, flows):
 def test_dispatch_actions(admin_client, flows):
     dispatch = Dispatch.objects.filter(run_id=flows["waiting"].pk).get()
     url = reverse("admin:kumiflow_dispatch_changelist")
-    admin_client.post(url, {"action": "cancel_dispatches", "_selected_action": [dispatch.pk]})
+    confirm = {"confirm": "yes", "_selected_action": [dispatch.pk]}
+    admin_client.post(url, {"action": "cancel_dispatches", **confirm})
     dispatch.refresh_from_db()
     assert dispatch.status == "cancelled"
-    admin_client.post(url, {"action": "redeliver_dispatches", "_selected_action": [dispatch.pk]})
+    admin_client.post(url, {"action": "redeliver_dispatches", **confirm})
     dispatch.refresh_from_db()
     assert dispatch.status == "pending"
     assert admin_client.get(url, {"run": str(flows["waiting"].pk)}).status_code == 200
@@ -184,17 +200,28 @@ def test_cron_actions(admin_client, registry, clock):
     define_workflow("nightly", trigger=on_cron("0 3 * * *"), steps=[s.return_(1)])
     CronLoop().run_once()
     url = reverse("admin:kumiflow_cronschedule_changelist")
-    admin_client.post(url, {"action": "disable", "_selected_action": ["nightly"]})
+    confirm = {"confirm": "yes", "_selected_action": ["nightly"]}
+    admin_client.post(url, {"action": "disable", **confirm})
     assert CronSchedule.objects.get().enabled is False
-    admin_client.post(url, {"action": "enable", "_selected_action": ["nightly"]})
+    admin_client.post(url, {"action": "enable", **confirm})
     assert CronSchedule.objects.get().enabled is True
-    admin_client.post(url, {"action": "fire_now", "_selected_action": ["nightly"]})
+    admin_client.post(url, {"action": "fire_now", **confirm})
     assert WorkflowRun.objects.filter(workflow="nightly", status="completed").count() == 1
 
 
-def test_a_run_of_an_unregistered_workflow_still_has_a_page(admin_client, registry):
+def test_a_run_of_an_unregistered_workflow_still_has_a_page_and_its_picture(admin_client, registry):
     define_workflow("temp", steps=[s.wait("P1D")])
     run = start_workflow("temp")
     registry.unregister("temp")
     page = admin_client.get(run_url(run)).content.decode()
-    assert "is not registered in this process" in page
+    assert 'class="kf-step kf-here" data-path="0"' in page, "drawn from the stored definition"
+    assert "wait P1D" in page
+
+
+def test_a_run_without_a_stored_definition_or_a_registered_one_has_a_page(admin_client, registry):
+    define_workflow("temp", steps=[s.wait("P1D")])
+    run = start_workflow("temp")
+    registry.unregister("temp")
+    DefinitionSnapshot.objects.all().delete()
+    page = admin_client.get(run_url(run)).content.decode()
+    assert "is not registered in this process and its definition was not stored" in page

@@ -181,10 +181,8 @@ def test_rebuild_reproduces_branches_children_and_compensation(registry, clock):
     assert WorkflowRun.objects.exclude(parent_id=None).count() == 1
 
     def waits() -> list[dict]:
-        return sorted(
-            RunWait.objects.values("run_id", "branch", "event_type", "correlation_key", "after"),
-            key=str,
-        )
+        rows = RunWait.objects.values("run_id", "branch", "event_type", "correlation_key", "after")
+        return sorted((dict(row) for row in rows), key=str)
 
     before = {m: snapshot(m) for m in (WorkflowRun, StepTask)}
     before_waits = waits()

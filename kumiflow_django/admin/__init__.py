@@ -1,8 +1,13 @@
-"""The admin: runs, the event log, the outbox and the cron schedules.
+"""The admin, the operator console: the overview, runs, the event log, the
+outbox and the cron schedules.
 
-Everything is read-only; changes happen only through the operations
+Nothing is edited in place; changes happen only through the operations
 (:mod:`kumiflow_django.engine.operations`, ``redeliver``/``cancel_dispatch``,
-``kumiflow_django.cron.schedules``), each behind its own permission.
+``kumiflow_django.cron.schedules``, ``append_event``), each behind its own
+permission and a confirmation page (:mod:`.confirm`), each recorded with the
+operator and a reason. A run's page is gathered in :mod:`.run_page` (its
+picture in :mod:`.picture`, its timeline in :mod:`.timeline`); the overview
+in :mod:`.overview`; search in :mod:`.search`.
 """
 
 from kumiflow_django.admin.dispatches import DispatchAdmin

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
 from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -97,6 +98,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     paginator = CappedPaginator
     show_full_result_count = False
     list_per_page = 50
+    #: The operator actions of one object, by their URL name (see ``admin.confirm``).
+    operations: ClassVar[dict[str, Any]] = {}
+
+    class Media:
+        css = {"all": ["kumiflow/console.css"]}
+        js = ["kumiflow/console.js"]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -120,6 +127,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         if field_value(field, object_id) is UNFIT:
             return None
         return super().get_object(request, object_id, from_field)
+
+    def object_or_404(self, request: HttpRequest, object_id: str) -> Any:
+        obj = self.get_object(request, unquote(object_id))  # None for a malformed id too
+        if obj is None:
+            raise Http404("no such object")
+        return obj
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in self.model._meta.concrete_fields] + list(self.readonly_fields)

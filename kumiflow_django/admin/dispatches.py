@@ -1,20 +1,24 @@
-"""The outbox, read-only, with redeliver and cancel as the only operations."""
+"""The outbox, read-only, with redeliver and cancel as the only operations
+(each through a confirmation page, with the operator and a reason)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, apply_each, badge, pretty
+from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, badge, pretty
+from kumiflow_django.admin.confirm import Operation, bulk, operate_view
+from kumiflow_django.admin.display import when_short
+from kumiflow_django.admin.timeline import stream_context
 from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
-from kumiflow_django.projections.dispatches import Dispatch
-from kumiflow_django.store.errors import InvalidDispatchState
+from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
 
 
 class RunFilter(InputFilter):
@@ -23,19 +27,65 @@ class RunFilter(InputFilter):
     field = "run_id"
 
 
+def _explain_redeliver(dispatch: Dispatch) -> list[str]:
+    return [
+        f"The {dispatch.kind} is delivered again by the dispatch loop, with a fresh retry "
+        f"budget (it has had {dispatch.attempts} attempt(s); last error: "
+        f"{dispatch.last_error[:200] or 'none'}).",
+        f"It keeps its idempotency key ({dispatch.id}): a receiver that saw it can drop it.",
+    ]
+
+
+def _explain_cancel(dispatch: Dispatch) -> list[str]:
+    return [
+        f"The {dispatch.kind} is not delivered (no further attempt); its status becomes "
+        "cancelled. It can be redelivered later.",
+        "A run waiting for its delivery is not woken by this: wake or cancel the run.",
+    ]
+
+
+OPERATIONS = {
+    "redeliver": Operation(
+        name="redeliver",
+        label="Redeliver",
+        permission="redeliver_dispatch",
+        done="queued for redelivery",
+        refuse=lambda d: (
+            None
+            if d.status in (DispatchStatus.DEAD, DispatchStatus.CANCELLED)
+            else f"the dispatch is {d.status}; only dead or cancelled ones are redelivered"
+        ),
+        explain=_explain_redeliver,
+        perform=lambda d, by, reason: redeliver(d.id, by=by, reason=reason),
+    ),
+    "cancel": Operation(
+        name="cancel",
+        label="Cancel delivery",
+        permission="cancel_dispatch",
+        done="cancelled",
+        refuse=lambda d: (
+            None
+            if d.status in DELIVERABLE
+            else f"the dispatch is {d.status}; only pending or failed ones are cancelled"
+        ),
+        explain=_explain_cancel,
+        perform=lambda d, by, reason: cancel_dispatch(d.id, by=by, reason=reason),
+        danger=True,
+    ),
+}
+
+
 @admin.register(Dispatch)
 class DispatchAdmin(ReadOnlyAdmin):
+    operations = OPERATIONS
+    change_form_template = "kumiflow/change_form_operations.html"
     list_display = [
         "short_id",
-        "kind",
         "status_badge",
         "run_link",
-        "step_path",
-        "attempts",
-        "next_attempt_at",
-        "last_status_code",
+        "next_attempt",
         "short_error",
-        "created_at",
+        "created",
     ]
     list_filter = ["status", "kind", RunFilter]
     ordering = ["-created_at"]
@@ -67,18 +117,48 @@ class DispatchAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, dispatch: Dispatch) -> SafeString:
-        return badge(dispatch.status, dispatch.get_status_display())
+        return format_html(
+            '{}<span class="kf-sub">{} · {}</span>',
+            badge(dispatch.status, dispatch.get_status_display()),
+            dispatch.kind,
+            self.tries(dispatch),
+        )
 
     @admin.display(description="run")
     def run_link(self, dispatch: Dispatch) -> SafeString | str:
         if dispatch.run_id is None:
             return ""
         url = reverse("admin:kumiflow_workflowrun_change", args=[dispatch.run_id])
-        return format_html('<a href="{}">{}</a>', url, str(dispatch.run_id)[:8])
+        step = format_html('<span class="kf-sub">step {}</span>', dispatch.step_path)
+        return format_html(
+            '<a href="{}">{}</a>{}',
+            url,
+            str(dispatch.run_id)[:8],
+            step if dispatch.step_path else "",
+        )
+
+    @admin.display(description="attempts")
+    def tries(self, dispatch: Dispatch) -> str:
+        code = f" (HTTP {dispatch.last_status_code})" if dispatch.last_status_code else ""
+        return f"{dispatch.attempts} attempt{'' if dispatch.attempts == 1 else 's'}{code}"
+
+    @admin.display(description="next attempt")
+    def next_attempt(self, dispatch: Dispatch) -> SafeString | str:
+        return when_short(dispatch.next_attempt_at)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, dispatch: Dispatch) -> SafeString | str:
+        return when_short(dispatch.created_at)
 
     @admin.display(description="last error")
-    def short_error(self, dispatch: Dispatch) -> str:
-        return dispatch.last_error[:80]
+    def short_error(self, dispatch: Dispatch) -> SafeString | str:
+        if not dispatch.last_error:
+            return ""
+        return format_html(
+            '<span class="kf-error-cut" title="{}">{}</span>',
+            dispatch.last_error[:1000],
+            dispatch.last_error[:80],
+        )
 
     @admin.display(description="request")
     def request_pretty(self, dispatch: Dispatch) -> SafeString:
@@ -96,15 +176,47 @@ class DispatchAdmin(ReadOnlyAdmin):
         return self.user_can(request, "cancel_dispatch")
 
     @admin.action(description="Redeliver selected dead dispatches", permissions=["redeliver"])
-    def redeliver_dispatches(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        done, skipped = apply_each(queryset, lambda d: redeliver(d.id), (InvalidDispatchState,))
-        self.report(request, "queued for redelivery", done, skipped)
+    def redeliver_dispatches(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "redeliver", "redeliver_dispatches")
 
     @admin.action(description="Cancel selected pending dispatches", permissions=["cancel"])
-    def cancel_dispatches(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        done, skipped = apply_each(
-            queryset,
-            lambda d: cancel_dispatch(d.id, reason=f"cancelled by {request.user}"),
-            (InvalidDispatchState,),
+    def cancel_dispatches(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "cancel", "cancel_dispatches")
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        dispatch = self.get_object(request, unquote(object_id))  # None: Django's redirect
+        context: dict[str, Any] = {
+            "kf_operations": []
+            if dispatch is None
+            else [
+                (reverse("admin:kumiflow_dispatch_operate", args=[dispatch.pk, name]), op.label)
+                for name, op in self.operations.items()
+                if op.refuse(dispatch) is None and self.user_can(request, op.permission)
+            ]
+        }
+        if dispatch is not None:
+            context.update(stream_context(str(dispatch.id)))
+        return super().change_view(
+            request, object_id, form_url, {**context, **(extra_context or {})}
         )
-        self.report(request, "cancelled", done, skipped)
+
+    def get_urls(self) -> list[Any]:
+        urls = [
+            path(
+                "<path:object_id>/operate/<str:operation>/",
+                self.admin_site.admin_view(self.operate_view),
+                name="kumiflow_dispatch_operate",
+            )
+        ]
+        return urls + super().get_urls()
+
+    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        return operate_view(
+            self, request, object_id, operation, title=lambda d: f"Dispatch {str(d.id)[:8]}"
+        )

@@ -1,45 +1,208 @@
-"""The runs: the list, a run's page (summary, picture, timeline) and operations."""
+"""The runs: the list, a run's page, its operations, sending an awaited event, the overview."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
-from django.contrib import admin, messages
-from django.contrib.admin.utils import unquote
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from kumiflow_django.admin import overview, run_page
 from kumiflow_django.admin.base import (
+    CheckedChangeList,
     FieldFilter,
     InputFilter,
     ReadOnlyAdmin,
-    apply_each,
     badge,
     pretty,
 )
-from kumiflow_django.admin.picture import render
+from kumiflow_django.admin.confirm import Operation, bulk, operate_view
+from kumiflow_django.admin.display import plain_when, relative, when, when_short
+from kumiflow_django.admin.picture import find
+from kumiflow_django.admin.search import runs_matching
+from kumiflow_django.admin.send_event import send_event_view
 from kumiflow_django.definition import matching
+from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.engine import operations
-from kumiflow_django.engine.operations import WAKEABLE
+from kumiflow_django.engine.operations import WAKEABLE, retry_point
+from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
-from kumiflow_django.store.errors import InvalidRunState, KumiflowError
+from kumiflow_django.store import clock
 from kumiflow_django.store.models import Event
 
-TIMELINE_EVENTS = 200
+# -- what each operation does, said before it is done -------------------------------
 
-#: operation -> (function, eligible statuses, past tense)
-OPERATIONS: dict[str, tuple[Callable[..., Any], list[RunStatus], str]] = {
-    "cancel": (operations.cancel_run, [s for s in RunStatus if s not in FINISHED], "cancelled"),
-    "retry": (operations.retry_run, [RunStatus.FAILED], "retried"),
-    "wake": (operations.wake_run, list(WAKEABLE), "woken"),
+
+def _step_label(run: WorkflowRun, cursor: Any) -> str:
+    text = ".".join(str(p) for p in cursor) if cursor else ""
+    if not text:
+        return "the start"
+    definition = run_page.definition_of(run)
+    node = find(definition.outline["steps"], text) if definition.outline else None
+    return f"step {text} ({node['label']})" if node else f"step {text}"
+
+
+def _refuse_cancel(run: WorkflowRun) -> str | None:
+    return f"the run is {run.status}" if run.status in FINISHED else None
+
+
+def _explain_cancel(run: WorkflowRun) -> list[str]:
+    pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE).count()
+    lines = [
+        f"The run stops for good at {_step_label(run, run.cursor)}: its status becomes "
+        "cancelled, and no later step runs.",
+        "What its steps already did stays done (database writes committed, mails and "
+        "webhooks delivered).",
+    ]
+    if pending:
+        lines.append(f"Its {pending} outbox request(s) not delivered yet are cancelled with it.")
+    return lines
+
+
+def _refuse_wake(run: WorkflowRun) -> str | None:
+    return None if run.status in WAKEABLE else f"the run is {run.status}, not waiting"
+
+
+def _explain_wake(run: WorkflowRun) -> list[str]:
+    at = _step_label(run, run.cursor)
+    if run.status == RunStatus.WAITING:
+        return [
+            f"The wait at {at} ends early: a worker continues the run now instead of at "
+            f"{plain_when(run.wake_at)}."
+        ]
+    if run.status == RunStatus.RETRY_SCHEDULED:
+        return [
+            f"The next attempt of the retry at {at} runs now instead of at "
+            f"{plain_when(run.wake_at)} (attempt {run.attempt} failed: {run.last_error[:200]})."
+        ]
+    if run.matched_position is not None:
+        return [
+            f"The awaited event #{run.matched_position} has come already: the run continues "
+            f"with it at {at}."
+        ]
+    lines = [
+        f"The run waits at {at} for an event {run.awaited_event_type}. Waking it now takes "
+        "the TIMEOUT path: the wait ends as timed out, as if its timeout had passed, "
+        "without the event.",
+        "To let the run go on WITH the event (an approval), use “Send event” instead.",
+    ]
+    if run.wake_at:
+        lines.append(f"Its timeout would have come at {plain_when(run.wake_at)}.")
+    return lines
+
+
+def _refuse_retry(run: WorkflowRun) -> str | None:
+    return None if run.status == RunStatus.FAILED else f"the run is {run.status}, not failed"
+
+
+def _explain_retry(run: WorkflowRun) -> list[str]:
+    point = retry_point(run)
+    lines = [
+        f"The failed segment runs again from {_step_label(run, point['cursor'])}, on the "
+        f"definition the run started on ({run.fingerprint[:12]}…). The failed segment was "
+        "rolled back as a whole, so none of it is repeated twice.",
+    ]
+    registered = any(
+        w.name == run.workflow and w.fingerprint == run.fingerprint for w in registry.all_versions()
+    )
+    if not registered:
+        lines.append(
+            "That definition is no longer registered: the run will fail again with "
+            "workflow_definition_changed. Retry on the current definition instead."
+        )
+    return lines
+
+
+def _refuse_retry_current(run: WorkflowRun) -> str | None:
+    refused = _refuse_retry(run)
+    if refused:
+        return refused
+    if not registry.is_registered(run.workflow):
+        return f"no workflow {run.workflow!r} is registered"
+    cursor = retry_point(run)["cursor"]
+    if cursor is not None:
+        try:
+            registry.get(run.workflow).step_at(cursor)
+        except ValueError:
+            return (
+                f"the current definition of {run.workflow!r} has no step "
+                f"{'.'.join(map(str, cursor))}, where the run would continue"
+            )
+    return None
+
+
+def _explain_retry_current(run: WorkflowRun) -> list[str]:
+    current = registry.get(run.workflow)
+    cursor = retry_point(run)["cursor"]
+    where = "the start"
+    if cursor is not None:
+        where = f"step {'.'.join(map(str, cursor))} ({current.step_at(cursor).kind})"
+    lines = [
+        f"The run moves from the definition it started on ({run.fingerprint[:12]}…, version "
+        f"{run.workflow_version or 'none'}) to the current one ({current.fingerprint[:12]}…, "
+        f"version {current.version or 'none'}).",
+        f"Then its failed segment runs again from {where} of the current definition.",
+    ]
+    if current.fingerprint == run.fingerprint:
+        lines.append("The run is on the current definition already: this is a plain retry.")
+    return lines
+
+
+RUN_OPERATIONS = {
+    "cancel": Operation(
+        name="cancel",
+        label="Cancel",
+        permission="cancel_workflowrun",
+        done="cancelled",
+        refuse=_refuse_cancel,
+        explain=_explain_cancel,
+        perform=lambda run, by, reason: operations.cancel_run(run.id, by=by, reason=reason),
+        danger=True,
+    ),
+    "wake": Operation(
+        name="wake",
+        label="Wake now",
+        permission="wake_workflowrun",
+        done="woken",
+        refuse=_refuse_wake,
+        explain=_explain_wake,
+        perform=lambda run, by, reason: operations.wake_run(run.id, by=by, reason=reason),
+    ),
+    "retry": Operation(
+        name="retry",
+        label="Retry",
+        permission="retry_workflowrun",
+        done="retried",
+        refuse=_refuse_retry,
+        explain=_explain_retry,
+        perform=lambda run, by, reason: operations.retry_run(run.id, by=by, reason=reason),
+    ),
+    "retry-current": Operation(
+        name="retry-current",
+        label="Retry on the current definition",
+        permission="retry_workflowrun",
+        done="retried on the current definition",
+        refuse=_refuse_retry_current,
+        explain=_explain_retry_current,
+        perform=lambda run, by, reason: operations.retry_run(
+            run.id, adopt_current_definition=True, by=by, reason=reason
+        ),
+    ),
 }
+
+
+# -- filters -----------------------------------------------------------------------
 
 
 class WorkflowFilter(FieldFilter):
@@ -58,26 +221,88 @@ class TenantFilter(InputFilter):
     field = "tenant_id"
 
 
+class AttentionFilter(admin.SimpleListFilter):
+    """The runs the overview counts: due now, stalled, recovered in the last day."""
+
+    title = "needs attention"
+    parameter_name = "attention"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("due", "due now"),
+            ("stalled", "stalled (lease ran out)"),
+            ("recovered", "recovered in the last day"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = clock.now()
+        if self.value() == "due":
+            return queryset.filter(wake_at__lte=now)
+        if self.value() == "stalled":
+            return queryset.filter(wake_at__lte=now, lease_until__lt=now).exclude(lease_owner="")
+        if self.value() == "recovered":
+            return queryset.filter(
+                status__in=[RunStatus.COMPLETED, RunStatus.FAILED],
+                finished_at__gte=now - timedelta(days=1),
+                recoveries__gt=0,
+            )
+        return queryset
+
+
+class RunChangeList(CheckedChangeList):
+    """The run list, with each row's business key read in one query per page."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        business_keys(list(self.result_list))
+
+
+def business_keys(runs: Sequence[WorkflowRun]) -> None:
+    """Set ``run.business_key``: its idempotency key, else the field its
+    workflow's ``business_key`` names in its trigger event (or input)."""
+    paths = {w.name: w.business_key for w in registry.current() if w.business_key}
+    wanted = [r for r in runs if not r.idempotency_key and paths.get(r.workflow)]
+    positions = [r.trigger_position for r in wanted if r.trigger_position is not None]
+    events = (
+        {e.position: e for e in Event.objects.filter(position__in=positions)} if positions else {}
+    )
+    for run in runs:
+        run.business_key = run.idempotency_key or ""  # type: ignore[attr-defined]
+    for run in wanted:
+        source: Any = events.get(run.trigger_position) if run.trigger_position else None
+        if source is None and run.trigger_position is None:
+            # A run started by hand or by cron: its input is its trigger's payload.
+            source = TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id="")
+        if source is not None:
+            value = matching.value_at(source, paths[run.workflow])
+            if isinstance(value, str | int | float) and not isinstance(value, bool):
+                run.business_key = str(value)  # type: ignore[attr-defined]
+
+
+# -- the admin ------------------------------------------------------------------------
+
+
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyAdmin):
-    list_display = [
-        "short_id",
-        "workflow",
-        "status_badge",
-        "tenant_id",
-        "at_step",
-        "attempt",
-        "waiting_for",
-        "started_at",
-        "updated_at",
-    ]
-    list_filter = ["status", WorkflowFilter, TenantFilter]
+    # Few, narrow columns: the list fits 1,280 px beside the admin's sidebar and
+    # the filters. Where a run is and what it waits for sit under its status.
+    list_display = ["short_id", "workflow", "status_badge", "key", "started"]
+    list_display_links = ["short_id"]
+    list_filter = ["status", WorkflowFilter, TenantFilter, AttentionFilter]
     search_fields = ["id"]
-    search_help_text = "A run id, an idempotency key, or a value a waiting run matches on."
+    search_help_text = (
+        "The first characters of a run id (4 or more) or of an idempotency key, or a value "
+        "a waiting run matches on."
+    )
     ordering = ["-started_at"]
     show_facets = admin.ShowFacets.NEVER
     actions = ["cancel_runs", "retry_runs", "wake_runs"]
     change_form_template = "admin/kumiflow/workflowrun/change_form.html"
+    change_list_template = "admin/kumiflow/workflowrun/change_list.html"
+    operations = RUN_OPERATIONS
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RunChangeList
 
     # -- list -------------------------------------------------------------
     @admin.display(description="run", ordering="id")
@@ -86,71 +311,126 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: WorkflowRun) -> SafeString:
-        return badge(run.status, run.get_status_display())
+        where = self.at_step(run)
+        waiting = self.waiting_for(run)
+        parts = [p for p in (f"at {where}" if where else "", waiting) if p]
+        if not parts:
+            return badge(run.status, run.get_status_display())
+        return format_html(
+            '{}<span class="kf-sub">{}</span>',
+            badge(run.status, run.get_status_display()),
+            format_html_join(" · ", "{}", ((p,) for p in parts)),
+        )
+
+    @admin.display(description="business key")
+    def key(self, run: WorkflowRun) -> SafeString | str:
+        value = getattr(run, "business_key", None) or run.idempotency_key or ""
+        if not value:
+            return ""
+        return format_html('<span class="kf-key" title="{}">{}</span>', value, value)
 
     @admin.display(description="at step")
     def at_step(self, run: WorkflowRun) -> str:
+        if run.attempt > 1 and run.status == RunStatus.RETRY_SCHEDULED:
+            return f"{run.cursor_text} (attempt {run.attempt})"
         return run.cursor_text
 
     @admin.display(description="waiting for")
-    def waiting_for(self, run: WorkflowRun) -> str:
+    def waiting_for(self, run: WorkflowRun) -> SafeString | str:
         if run.status == RunStatus.WAITING_EVENT:
-            return run.awaited_event_type or ""
-        if run.wake_at:
-            return f"until {run.wake_at:%Y-%m-%d %H:%M:%S}"
+            return format_html(
+                'for <span class="kf-key" title="{}">{}</span>',
+                run.awaited_event_type,
+                run.awaited_event_type,
+            )
+        if run.wake_at and run.status not in FINISHED:
+            local = timezone.localtime(run.wake_at)
+            return format_html(
+                '<span title="{} {}">wakes {}</span>',
+                local.strftime("%Y-%m-%d %H:%M:%S"),
+                local.tzname(),
+                relative(run.wake_at),
+            )
         return ""
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, run: WorkflowRun) -> SafeString | str:
+        return when_short(run.started_at)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
-        """Exact, indexed matches only: a run id, an idempotency key, or a value
-        a waiting run correlates on (each single-field match of the registry)."""
         term = search_term.strip()
         if not term:
             return queryset, False
-        condition = Q(idempotency_key=term)
-        try:
-            condition |= Q(id=uuid.UUID(term))
-        except ValueError:
-            pass
-        keys = []
-        candidates: list[Any] = [term]
-        if term.lstrip("-").isdigit():
-            candidates.append(int(term))
-        for workflow in registry.all_versions():
-            for path_sets in workflow.awaited.values():
-                for paths in path_sets:
-                    if len(paths) == 1:
-                        keys += [matching.correlation_key({paths[0]: v}) for v in candidates]
-        if keys:
-            condition |= Q(correlation_key__in=keys)
-        return queryset.filter(condition), False
+        condition = runs_matching(term)
+        return (queryset.none() if condition is None else queryset.filter(condition)), False
 
     # -- a run's page -----------------------------------------------------
-    fields = [
-        "id",
-        "workflow",
-        "workflow_version",
-        "tenant_id",
-        "status",
-        "reason",
-        "last_error",
-        "cursor",
-        "attempt",
-        "wake_at",
-        "awaited_event_type",
-        "awaited_match",
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "status",
+                    "workflow",
+                    "workflow_version",
+                    "tenant_id",
+                    "cursor",
+                    "attempt",
+                    "wake_when",
+                    "awaited_event_type",
+                    "awaited_match",
+                    "trigger_link",
+                    "idempotency_key",
+                    "result_pretty",
+                    "started_when",
+                    "updated_when",
+                    "finished_when",
+                ]
+            },
+        ),
+        (
+            "Engine details",
+            {
+                "classes": ["collapse"],
+                "fields": [
+                    "id",
+                    "reason",
+                    "last_error",
+                    "fingerprint",
+                    "recovery",
+                    "dispatches_link",
+                ],
+            },
+        ),
+    ]
+    readonly_fields = [
         "trigger_link",
         "dispatches_link",
         "recovery",
-        "idempotency_key",
-        "fingerprint",
         "result_pretty",
-        "started_at",
-        "updated_at",
-        "finished_at",
+        "wake_when",
+        "started_when",
+        "updated_when",
+        "finished_when",
     ]
-    readonly_fields = ["trigger_link", "dispatches_link", "recovery", "result_pretty"]
+
+    @admin.display(description="wakes at")
+    def wake_when(self, run: WorkflowRun) -> SafeString | str:
+        return when(run.wake_at) or "—"
+
+    @admin.display(description="started at")
+    def started_when(self, run: WorkflowRun) -> SafeString | str:
+        return when(run.started_at)
+
+    @admin.display(description="updated at")
+    def updated_when(self, run: WorkflowRun) -> SafeString | str:
+        return when(run.updated_at)
+
+    @admin.display(description="finished at")
+    def finished_when(self, run: WorkflowRun) -> SafeString | str:
+        return when(run.finished_at) or "—"
 
     @admin.display(description="trigger event")
     def trigger_link(self, run: WorkflowRun) -> SafeString | str:
@@ -186,63 +466,62 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        run = self._run_or_404(request, object_id)
-        events = list(
-            Event.objects.filter(stream_id=str(run.id), tenant_id=run.tenant_id).order_by(
-                "-version"
-            )[:TIMELINE_EVENTS]
+        run = self.object_or_404(request, object_id)
+        business_keys([run])
+        context = run_page.context(run)
+        context["operations"] = [
+            (name, op.label)
+            for name, op in self.operations.items()
+            if op.refuse(run) is None and self.user_can(request, op.permission)
+        ]
+        context["can_send_event"] = run.status == RunStatus.WAITING_EVENT and self.user_can(
+            request, "send_event_workflowrun"
         )
-        workflow = registry.find(run.workflow, run.workflow_version or None)
-        context = {
-            "run": run,
-            "timeline": [(e, pretty(e.payload)) for e in reversed(events)],
-            "timeline_capped": len(events) == TIMELINE_EVENTS,
-            "events_url": reverse("admin:kumiflow_event_changelist") + f"?stream={run.id}",
-            "picture": render(workflow, trail=run.trail, cursor=run.cursor, status=run.status)
-            if workflow is not None
-            else None,
-            "definition_current": workflow is not None and workflow.fingerprint == run.fingerprint,
-            "operations": [
-                (name, label)
-                for name, (_, eligible, label) in OPERATIONS.items()
-                if run.status in eligible and self.user_can(request, f"{name}_workflowrun")
-            ],
-        }
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )
 
-    def _run_or_404(self, request: HttpRequest, object_id: str) -> WorkflowRun:
-        run = self.get_object(request, unquote(object_id))  # None for a malformed id too
-        if run is None:
-            raise Http404("no run with this id")
-        return run  # type: ignore[no-any-return]
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {"overview_url": reverse("admin:kumiflow_overview"), **(extra_context or {})}
+        return super().changelist_view(request, extra)
 
     def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
         urls = [
+            path("overview/", view(self.overview_view), name="kumiflow_overview"),
             path(
                 "<path:object_id>/operate/<str:operation>/",
-                self.admin_site.admin_view(self.operate_view),
+                view(self.operate_view),
                 name="kumiflow_workflowrun_operate",
-            )
+            ),
+            path(
+                "<path:object_id>/send-event/",
+                view(self.send_event_view),
+                name="kumiflow_workflowrun_send_event",
+            ),
         ]
         return urls + super().get_urls()
 
     def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
-        """POST one operation on one run (the buttons of a run's page)."""
-        if operation not in OPERATIONS or request.method != "POST":
+        return operate_view(
+            self, request, object_id, operation, title=lambda run: f"Run {str(run.id)[:8]}"
+        )
+
+    def send_event_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return send_event_view(self, request, object_id)
+
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
             raise PermissionDenied
-        if not self.user_can(request, f"{operation}_workflowrun"):
-            raise PermissionDenied
-        run = self._run_or_404(request, object_id)
-        function, _, label = OPERATIONS[operation]
-        try:
-            function(run.id)
-        except KumiflowError as exc:
-            self.message_user(request, f"Not {label}: {exc}", messages.ERROR)
-        else:
-            self.message_user(request, f"Run {label}.", messages.SUCCESS)
-        return HttpResponseRedirect(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Workflows overview",
+            **overview.context(),
+        }
+        return TemplateResponse(request, "kumiflow/overview.html", context)
 
     # -- actions ------------------------------------------------------------
     def has_cancel_permission(self, request: HttpRequest) -> bool:
@@ -254,21 +533,16 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     def has_wake_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "wake_workflowrun")
 
-    def _operate(self, request: HttpRequest, queryset: QuerySet[Any], name: str) -> None:
-        function, _, label = OPERATIONS[name]
-        done, skipped = apply_each(queryset, lambda run: function(run.id), (InvalidRunState,))
-        self.report(request, label, done, skipped)
-
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._operate(request, queryset, "cancel")
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "cancel", "cancel_runs")
 
     @admin.action(
         description="Retry selected failed runs from their failed step", permissions=["retry"]
     )
-    def retry_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._operate(request, queryset, "retry")
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "retry", "retry_runs")
 
     @admin.action(description="Wake selected waiting runs now", permissions=["wake"])
-    def wake_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._operate(request, queryset, "wake")
+    def wake_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "wake", "wake_runs")

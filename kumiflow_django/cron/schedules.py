@@ -35,6 +35,7 @@ from kumiflow_django.projections.schedules import append as _record
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
+from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import UnknownWorkflow, WorkflowDefinitionError
 from kumiflow_django.store.models import Event
@@ -295,8 +296,10 @@ def _fire(schedule: CronSchedule, now: datetime) -> int:
     return len(run_ids)
 
 
-def fire_now(workflow: str) -> str:
-    """Start a run of a cron workflow now, outside its schedule; return the run id."""
+def fire_now(workflow: str, *, by: str = "", reason: str = "") -> str:
+    """Start a run of a cron workflow now, outside its schedule; return the run id.
+    ``by`` and ``reason`` are stored in the ``cron.fired`` event."""
+    by, reason = check_operator(by, reason)
     if not registry.is_registered(workflow):
         raise UnknownWorkflow(f"no workflow named {workflow!r} is registered")
     now = clock.now().replace(microsecond=0)
@@ -310,15 +313,23 @@ def fire_now(workflow: str) -> str:
             workflow,
             schedule.tenant_id,
             ev.CRON_FIRED,
-            {"scheduled_for": [isoformat(now)], "run_ids": [run_id], "manual": True},
+            audited(
+                {"scheduled_for": [isoformat(now)], "run_ids": [run_id], "manual": True},
+                by,
+                reason,
+            ),
+            created_by=by,
         )
+    logger.info("cron %s fired by hand by %s: run %s", workflow, by or "code", run_id)
     return run_id
 
 
-def set_enabled(workflow: str, enabled: bool, *, reason: str = "") -> CronSchedule:
+def set_enabled(workflow: str, enabled: bool, *, reason: str = "", by: str = "") -> CronSchedule:
     """Switch a schedule on or off. Switched on, it fires from the next occurrence
     after now: occurrences missed while it was off are not caught up. Switched
-    off, it stays off until it is switched on (a deploy does not switch it on)."""
+    off, it stays off until it is switched on (a deploy does not switch it on).
+    ``by`` and ``reason`` are stored in the event it appends."""
+    by, reason = check_operator(by, reason)
     if reason.startswith(BROKEN):
         raise ValueError(f"an operator's reason must not start with {BROKEN!r}")
     with db.atomic():
@@ -334,7 +345,11 @@ def set_enabled(workflow: str, enabled: bool, *, reason: str = "") -> CronSchedu
                 raise WorkflowDefinitionError(
                     f"schedule {workflow!r} cannot be enabled: {exc}"
                 ) from exc
-            payload = {"next_fire_at": isoformat(nxt)}
-            return _record(schedule, workflow, schedule.tenant_id, ev.CRON_ENABLED, payload)
-        payload = {"reason": reason or "disabled by an operator"}
-        return _record(schedule, workflow, schedule.tenant_id, ev.CRON_DISABLED, payload)
+            payload = audited({"next_fire_at": isoformat(nxt)}, by, reason)
+            return _record(
+                schedule, workflow, schedule.tenant_id, ev.CRON_ENABLED, payload, created_by=by
+            )
+        payload = audited({}, by, reason or "disabled by an operator")
+        return _record(
+            schedule, workflow, schedule.tenant_id, ev.CRON_DISABLED, payload, created_by=by
+        )

@@ -8,6 +8,7 @@ the engine builds one per segment.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -170,7 +171,11 @@ class Context:
         self.branch = ""
         #: Whether the run runs its compensations (steps completed then record none).
         self.compensating = False
-        #: Side effects the segment commits with the run (outbox requests, tasks).
+        #: Milliseconds each step of this segment took, by static path (summed
+        #: over a loop's items), for the admin's picture.
+        self.durations: dict[str, float] = {}
+        #: Side effects the segment commits with the run (outbox requests, tasks,
+        #: child runs, what cancelled branches left).
         self.effects: list[Effect] = []
         self._attempts: list[int] = []
 
@@ -195,6 +200,11 @@ class Context:
         """The state key of the step at ``path`` in the current branch instance."""
         text = ".".join(str(p) for p in path)
         return f"{self.branch}{text}" if self.branch else text
+
+    def timed(self, path: str, began: float) -> None:
+        """Add the time since ``began`` (``time.perf_counter()``) to a step's duration."""
+        ms = (time.perf_counter() - began) * 1000
+        self.durations[path] = round(self.durations.get(path, 0.0) + ms, 3)
 
     def push_attempt(self, attempt: int) -> None:
         self._attempts.append(attempt)

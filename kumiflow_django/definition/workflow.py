@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kumiflow_django.definition.fingerprint import UnstableValue, canonical_value, fingerprint
+from kumiflow_django.definition.matching import check_path
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import (
     COMPENSATE,
@@ -39,6 +40,10 @@ class Workflow:
     idempotency_key: str | Callable[[Any], str] | None = None
     version: str | None = None
     start_mode: str = "inline"
+    #: Where the console finds a run's business key when it has no idempotency
+    #: key: a path into the trigger event (``payload.order_id``, ``stream_id``).
+    #: Not part of the fingerprint: it changes what the console shows, not what runs.
+    business_key: str | None = None
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
@@ -196,6 +201,7 @@ def define_workflow(
     idempotency_key: str | Callable[[Any], str] | None = None,
     version: str | int | None = None,
     start_mode: str = "inline",
+    business_key: str | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define (and register) a workflow.
@@ -204,6 +210,8 @@ def define_workflow(
     only). ``idempotency_key`` (a string, or a function of the trigger event)
     makes a second start with the same key return the first run.
     ``start_mode="deferred"`` records the run and lets a worker run it.
+    ``business_key`` names the field of the trigger event the console shows
+    for a run that has no idempotency key (``"payload.order_id"``).
     """
     if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
         raise WorkflowDefinitionError(
@@ -237,6 +245,11 @@ def define_workflow(
             check_resolver(idempotency_key, "idempotency_key")
         except ValueError as exc:
             raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from exc
+    if business_key is not None:
+        try:
+            check_path(business_key)
+        except ValueError as exc:
+            raise WorkflowDefinitionError(f"workflow {name!r}, business_key: {exc}") from exc
     if isinstance(steps, Step) or not isinstance(steps, Sequence):
         raise WorkflowDefinitionError(f"workflow {name!r}: steps must be a list of steps")
     step_tuple = tuple(steps)
@@ -248,6 +261,7 @@ def define_workflow(
         idempotency_key=idempotency_key,
         version=None if version is None else str(version),
         start_mode=start_mode,
+        business_key=business_key,
     )
     cycle = child_cycle(
         workflow, lambda other: registry.get(other) if registry.is_registered(other) else None

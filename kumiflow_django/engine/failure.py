@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from kumiflow_django.store import limits
 from kumiflow_django.store.values import clean_text
 
 
@@ -21,6 +24,11 @@ class Failure(Exception):
     compensable: bool = False
     #: The compensation outcome the run ends with, when it compensated.
     compensation: str | None = None
+    # What the console shows of a step's failure (the failed segment is rolled
+    # back: this object is all that is left of it when the runner records it).
+    traceback: str | None = None
+    steps: dict[str, Any] | None = None
+    durations: dict[str, float] | None = None
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.error}"
@@ -36,4 +44,48 @@ class Failure(Exception):
             payload["cursor"] = self.cursor
         if self.compensation is not None:
             payload["compensation"] = self.compensation
+        if self.traceback:
+            payload["traceback"] = self.traceback
+        if self.steps is not None:
+            payload["steps"] = self.steps
+        if self.durations:
+            payload["durations"] = self.durations
         return payload
+
+
+def capped_traceback(error: BaseException) -> str:
+    """The traceback of ``error`` as text, at most ``limits.TRACEBACK`` characters:
+    its start (the outermost frames) and its end (where it was raised, and the
+    message) are kept, the middle is cut."""
+    text = "".join(traceback.format_exception(error))
+    cap = limits.TRACEBACK
+    if len(text) > cap:
+        cut = len(text) - cap
+        note = f"\n… ({cut} characters of the traceback left out) …\n"
+        head = cap // 4
+        text = text[:head] + note + text[len(text) - (cap - head - len(note)) :]
+    return clean_text(text, cap)
+
+
+def capped_steps(steps: dict[str, Any]) -> dict[str, Any]:
+    """The step results as a closing event keeps them: all of them when their JSON
+    fits ``limits.CLOSING_STEPS`` bytes, else each one that still fits, in order,
+    and a note in place of the others."""
+    # The results are JSON already (each was checked when its step stored it).
+    if len(_json(steps)) <= limits.CLOSING_STEPS:
+        return dict(steps)
+    kept: dict[str, Any] = {}
+    room = limits.CLOSING_STEPS
+    for name, value in steps.items():
+        size = len(_json(value))
+        if size + len(name) + 8 <= room:
+            kept[name] = value
+            room -= size + len(name) + 8
+        else:
+            kept[name] = f"… ({size} bytes, not kept)"
+            room -= len(name) + 40
+    return kept
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode()

@@ -2,7 +2,9 @@
 
 Each appends one event to the run's stream at its current version (the row
 is locked first, so an operation waits for a segment in flight) and updates
-the run row through the projection, like every other change of a run.
+the run row through the projection, like every other change of a run. The
+operator (``by``) and the ``reason`` are stored in that event's payload, and
+``by`` as its ``created_by``: the log says who did what and why.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import compensation
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.projections.runs import (
@@ -26,6 +29,7 @@ from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.projections.tasks import append as append_task
 from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
+from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import InvalidRunState, RunNotFound
 from kumiflow_django.store.models import Event
@@ -59,9 +63,9 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
     return run
 
 
-def _append(run: WorkflowRun, type_: str, payload: dict[str, Any]) -> WorkflowRun:
+def _append(run: WorkflowRun, type_: str, payload: dict[str, Any], by: str = "") -> WorkflowRun:
     segment = Segment(run.id, run.tenant_id, run)
-    segment.add(type_, payload)
+    segment.add(type_, payload, created_by=by)
     return segment.write()
 
 
@@ -71,6 +75,7 @@ def cancel_run(
     reason: str = "",
     tenant: str | None = None,
     compensate: bool = False,
+    by: str = "",
 ) -> WorkflowRun:
     """Stop a run that has not finished. Its outbox requests not delivered yet,
     its tasks that have not settled and its child runs (but those started with
@@ -80,6 +85,7 @@ def cancel_run(
     compensations first (as steps of the run, on the resume loop), then ends
     cancelled.
     """
+    by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status in FINISHED:
@@ -89,32 +95,41 @@ def cancel_run(
         text = reason or "cancelled"
         if compensate and not compensation.active(run.cursor) and compensation.pending(run.state):
             segment = Segment(run.id, run.tenant_id, run)
-            segment.add(*compensation.begin(run, then="cancelled", reason="cancelled", error=text))
+            type_, started = compensation.begin(
+                run, then="cancelled", reason="cancelled", error=text
+            )
+            if by:
+                started["by"] = by
+            segment.add(type_, started, created_by=by)
             updated = segment.write()
             work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
             logger.info("run %s: compensating before it is cancelled (%s)", run.id, text)
             return updated
-        payload: dict[str, Any] = {"reason": text}
+        payload = audited({}, by, text)
         if compensation.active(run.cursor):  # cancelled while compensating
             payload["compensation"] = Compensation.FAILED
-        updated = _append(run, ev.RUN_CANCELLED, payload)
-    logger.info("run %s cancelled (%s)", run.id, reason or "no reason given")
+        updated = _append(run, ev.RUN_CANCELLED, payload, by)
+    logger.info("run %s cancelled by %s (%s)", run.id, by or "code", reason or "no reason given")
     return updated
 
 
-def wake_run(run_id: uuid.UUID | str, *, tenant: str | None = None) -> WorkflowRun:
+def wake_run(
+    run_id: uuid.UUID | str, *, tenant: str | None = None, by: str = "", reason: str = ""
+) -> WorkflowRun:
     """Make a waiting run due now: a timer ends early, a wait for an event
-    times out now, a scheduled retry runs now."""
+    times out now (the step takes its timeout path), a scheduled retry runs now."""
+    by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status not in WAKEABLE:
             raise InvalidRunState(f"run {run.id} is {run.status}: only waiting runs are woken")
-        updated = _append(run, ev.RUN_WOKEN, {})
+        updated = _append(run, ev.RUN_WOKEN, audited({}, by, reason), by)
         work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
+    logger.info("run %s woken by %s (%s)", run.id, by or "code", reason or "no reason given")
     return updated
 
 
-def _retry_point(run: WorkflowRun) -> dict[str, Any]:
+def retry_point(run: WorkflowRun) -> dict[str, Any]:
     """Where the failed segment began: the last suspension (and how it was woken),
     or the start."""
     events = list(
@@ -179,6 +194,8 @@ def retry_run(
     *,
     adopt_current_definition: bool = False,
     tenant: str | None = None,
+    by: str = "",
+    reason: str = "",
 ) -> WorkflowRun:
     """Run a failed run's failed segment again, from the suspension it began at.
 
@@ -190,6 +207,7 @@ def retry_run(
     current definition first (after a ``workflow_definition_changed`` failure,
     when the new definition still fits the run's position).
     """
+    by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
         if run.status != RunStatus.FAILED:
@@ -198,7 +216,7 @@ def retry_run(
             raise InvalidRunState(
                 f"run {run.id} was compensated: its completed steps were undone; start a new run"
             )
-        payload: dict[str, Any] = {"restore": _retry_point(run)}
+        payload: dict[str, Any] = {"restore": retry_point(run)}
         task = _retry_task(run, payload["restore"])
         if adopt_current_definition:
             current = registry.get(run.workflow)
@@ -213,10 +231,11 @@ def retry_run(
                     ) from exc
             payload["fingerprint"] = current.fingerprint
             payload["version"] = current.version
-        updated = _append(run, ev.RUN_RETRIED, payload)
+            remember(current)
+        updated = _append(run, ev.RUN_RETRIED, audited(payload, by, reason), by)
         if task is not None:
             work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)
         else:
             work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-    logger.info("run %s retried from %s", run.id, payload["restore"]["cursor"])
+    logger.info("run %s retried from %s by %s", run.id, payload["restore"]["cursor"], by or "code")
     return updated

@@ -33,7 +33,7 @@ from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import children, compensation
-from kumiflow_django.engine.failure import Failure
+from kumiflow_django.engine.failure import Failure, capped_steps, capped_traceback
 from kumiflow_django.outbox.requests import opened
 from kumiflow_django.projections.dispatches import DispatchStatus
 from kumiflow_django.projections.runs import FINISHED, RUNS, RunStatus, WorkflowRun
@@ -86,8 +86,8 @@ class Segment:
         self.had_waits = run is not None and run.branch_waits > 0
         self.was_finished = run is not None and run.status in FINISHED
 
-    def add(self, type_: str, payload: dict[str, Any]) -> Event:
-        return self.run.add(type_, payload)
+    def add(self, type_: str, payload: dict[str, Any], *, created_by: str = "") -> Event:
+        return self.run.add(type_, payload, created_by=created_by)
 
     @property
     def row(self) -> WorkflowRun:
@@ -196,7 +196,7 @@ def advance(
     except ReturnValue as returned:
         result = _result(returned.value, ctx)
         segment.add_effects(ctx, start_child)
-        segment.add(ev.RUN_COMPLETED, {"result": result, "trail": _trail(ctx)})
+        segment.add(ev.RUN_COMPLETED, _completed(result, ctx))
         return
     except StepError as failure:
         state.pop("woken", None)
@@ -219,6 +219,9 @@ def advance(
             failure.path,
             _trail(ctx),
             compensable=True,
+            traceback=capped_traceback(failure.error),
+            steps=capped_steps(ctx.steps),
+            durations=ctx.durations,
         ) from failure
     finally:
         _depth.reset(token)
@@ -227,7 +230,18 @@ def advance(
     if compensating:
         segment.add(*compensation.ended(state, _trail(ctx)))
         return
-    segment.add(ev.RUN_COMPLETED, {"result": None, "trail": _trail(ctx)})
+    segment.add(ev.RUN_COMPLETED, _completed(None, ctx))
+
+
+def _completed(result: Any, ctx: Context) -> dict[str, Any]:
+    """The ``run-completed`` payload: the result, and for the console the steps
+    run, their results (capped) and how long they took."""
+    payload: dict[str, Any] = {"result": result, "trail": _trail(ctx)}
+    if ctx.steps:
+        payload["steps"] = capped_steps(ctx.steps)
+    if ctx.durations:
+        payload["durations"] = ctx.durations
+    return payload
 
 
 def _trail(ctx: Context) -> list[str]:
@@ -285,6 +299,8 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
         "state": _state(ctx, suspend),
         "trail": _trail(ctx),
     }
+    if ctx.durations:
+        payload["durations"] = ctx.durations
     wait = suspend.wait
     if isinstance(wait, ChildWait | BranchesWait):
         awaited = [wait.child_id] if isinstance(wait, ChildWait) else list(wait.children)

@@ -18,6 +18,7 @@ from kumiflow_django.conf import settings
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.triggers import EventTrigger
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
@@ -207,6 +208,7 @@ def start_run(
             workflow_name=workflow.name,
         )
 
+    remember(workflow)  # the definition the run starts on, for the console
     run = execute(prepare)
     assert run is not None  # a start always leaves a run (or finds the keyed one)
     after_segment(run)

@@ -2,9 +2,11 @@
 
 Each model lives in the room of its concept: the event log in
 :mod:`kumiflow_django.store.models`, the projections beside their folds in
-:mod:`kumiflow_django.projections`.
+:mod:`kumiflow_django.projections`, the definitions runs started on in
+:mod:`kumiflow_django.definition.snapshots`.
 """
 
+from kumiflow_django.definition.snapshots import DefinitionSnapshot
 from kumiflow_django.http.models import ApiToken
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import Compensation, RunStatus, WorkflowRun
@@ -17,6 +19,7 @@ __all__ = [
     "ApiToken",
     "Compensation",
     "CronSchedule",
+    "DefinitionSnapshot",
     "Dispatch",
     "DispatchStatus",
     "Event",

@@ -12,6 +12,7 @@ from datetime import datetime
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus, append
 from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
+from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import DispatchNotFound, InvalidDispatchState
 from kumiflow_django.store.log import erase_stream
@@ -29,9 +30,11 @@ def _locked(dispatch_id: uuid.UUID | str) -> Dispatch:
     return dispatch
 
 
-def redeliver(dispatch_id: uuid.UUID | str) -> Dispatch:
+def redeliver(dispatch_id: uuid.UUID | str, *, by: str = "", reason: str = "") -> Dispatch:
     """Deliver a dead (or cancelled) dispatch again, with a fresh retry budget
-    and the same idempotency key."""
+    and the same idempotency key. ``by`` and ``reason`` (the operator, and why)
+    are stored in the event it appends."""
+    by, reason = check_operator(by, reason)
     with db.atomic():
         dispatch = _locked(dispatch_id)
         if dispatch.status not in (DispatchStatus.DEAD, DispatchStatus.CANCELLED):
@@ -39,13 +42,15 @@ def redeliver(dispatch_id: uuid.UUID | str) -> Dispatch:
                 f"dispatch {dispatch.id} is {dispatch.status}; only dead or cancelled ones "
                 "are redelivered"
             )
-        updated = append(dispatch, ev.DISPATCH_REDELIVERY, {})
+        updated = append(dispatch, ev.DISPATCH_REDELIVERY, audited({}, by, reason), created_by=by)
         work_committed(WorkKind.DISPATCH)
     return updated
 
 
-def cancel_dispatch(dispatch_id: uuid.UUID | str, *, reason: str = "") -> Dispatch:
-    """Stop a dispatch that has not been delivered yet."""
+def cancel_dispatch(dispatch_id: uuid.UUID | str, *, reason: str = "", by: str = "") -> Dispatch:
+    """Stop a dispatch that has not been delivered yet; ``by`` and ``reason``
+    are stored in the event it appends."""
+    by, reason = check_operator(by, reason)
     with db.atomic():
         dispatch = _locked(dispatch_id)
         if dispatch.status not in DELIVERABLE:
@@ -53,7 +58,8 @@ def cancel_dispatch(dispatch_id: uuid.UUID | str, *, reason: str = "") -> Dispat
                 f"dispatch {dispatch.id} is {dispatch.status}; only pending or failed ones "
                 "are cancelled"
             )
-        return append(dispatch, ev.DISPATCH_CANCELLED, {"reason": reason or "cancelled"})
+        payload = audited({}, by, reason or "cancelled")
+        return append(dispatch, ev.DISPATCH_CANCELLED, payload, created_by=by)
 
 
 def prune(older_than: datetime, *, dry_run: bool = False) -> int:

@@ -155,7 +155,9 @@ def metadata(run_id: uuid.UUID | None) -> dict[str, str]:
     return {"run_id": str(run_id)} if run_id else {}
 
 
-def append(dispatch: Dispatch, type_: str, payload: dict[str, Any]) -> Dispatch:
+def append(
+    dispatch: Dispatch, type_: str, payload: dict[str, Any], *, created_by: str = ""
+) -> Dispatch:
     """Append one event to a dispatch's stream at its next version, fold it and
     write it, in the caller's transaction. A concurrent writer makes it fail
     with a version clash or :class:`~kumiflow_django.projections.stream.StaleRow`."""
@@ -167,5 +169,5 @@ def append(dispatch: Dispatch, type_: str, payload: dict[str, Any]) -> Dispatch:
         now=clock.now(),
         metadata=metadata(dispatch.run_id),
     )
-    change.add(type_, payload)
+    change.add(type_, payload, created_by=created_by)
     return write_one(change)

@@ -153,6 +153,7 @@ class WorkflowRun(models.Model):
             ("cancel_workflowrun", "Can cancel workflow runs"),
             ("retry_workflowrun", "Can retry failed workflow runs"),
             ("wake_workflowrun", "Can wake waiting workflow runs"),
+            ("send_event_workflowrun", "Can send the awaited event to a waiting workflow run"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -179,6 +180,18 @@ class WorkflowRun(models.Model):
             models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
             # A run's children (the admin's list, cancel cascades).
             models.Index(fields=["parent_id"], name="kumiflow_run_parent_idx"),
+            # The run list filtered by workflow, newest first, a page at a time
+            # (whatever the number of the workflow's runs).
+            models.Index(fields=["workflow", "-started_at"], name="kumiflow_run_wf_started_idx"),
+            # The console's overview: completions and failures per minute.
+            models.Index(fields=["status", "finished_at"], name="kumiflow_run_finished_idx"),
+            # The console's search by idempotency key prefix (LIKE 'k%' on
+            # PostgreSQL needs the pattern operators; elsewhere a plain index).
+            models.Index(
+                fields=["idempotency_key"],
+                name="kumiflow_run_key_idx",
+                opclasses=["varchar_pattern_ops"],
+            ),
         ]
 
     def __str__(self) -> str:

@@ -128,12 +128,18 @@ SCHEDULES = Stream(ev.CRON_STREAM, CronSchedule, apply)
 
 
 def append(
-    schedule: CronSchedule | None, workflow: str, tenant: str, type_: str, payload: dict[str, Any]
+    schedule: CronSchedule | None,
+    workflow: str,
+    tenant: str,
+    type_: str,
+    payload: dict[str, Any],
+    *,
+    created_by: str = "",
 ) -> CronSchedule:
     """Append one event to a schedule's stream (``schedule`` None: a new one), fold
     it and write it, in the caller's transaction."""
     change = Change(
         SCHEDULES, f"{ev.CRON_STREAM_PREFIX}{workflow}", tenant, schedule, now=clock.now()
     )
-    change.add(type_, payload)
+    change.add(type_, payload, created_by=created_by)
     return write_one(change)

@@ -74,8 +74,11 @@ class Change[M: models.Model]:
     def version(self) -> int:
         return self.base_version + len(self.events)
 
-    def add(self, type_: str, payload: dict[str, Any]) -> Event:
-        """Append an event at the stream's next version and fold it into the row."""
+    def add(self, type_: str, payload: dict[str, Any], *, created_by: str = "") -> Event:
+        """Append an event at the stream's next version and fold it into the row.
+
+        ``created_by`` names the operator of an operator action (checked by
+        :func:`kumiflow_django.store.audit.check_operator`)."""
         event = Event(
             tenant_id=self.tenant,
             stream_type=self.stream.stream_type,
@@ -85,6 +88,7 @@ class Change[M: models.Model]:
             payload=payload,
             metadata=dict(self.metadata),
             created_at=self.now,
+            created_by=created_by,
         )
         # The folds reassign fields: the snapshot taken at the start stays intact.
         self.row = self.stream.fold(self.row, event)

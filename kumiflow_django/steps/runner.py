@@ -8,6 +8,7 @@ same before and after a resume); an exception of any kind from a step
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kumiflow_django.definition.context import Context, state_part
@@ -27,17 +28,22 @@ def run_steps(
         path = [*prefix, index]
         kind = get_kind(step.kind)
         step_resume = inner if resume is not None and index == start else None
+        key = path_text(path)
+        began = time.perf_counter()
         try:
             result = kind.execute(step, ctx, path, step_resume)
         except ReturnValue:
-            ctx.trail.append(path_text(path))
+            ctx.trail.append(key)
+            ctx.timed(key, began)
             raise
         except (Suspend, StepError):
             raise
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit too: a step's exception fails its run
+            ctx.timed(key, began)
             raise StepError(path, step.kind, step.name, exc) from exc
+        ctx.timed(key, began)
         if step.name is not None and kind.stores_result:
             ctx.steps[step.name] = json_result(result, step, path)
         if "compensate" in step.children and not ctx.compensating:
@@ -49,7 +55,7 @@ def run_steps(
                     "branch": ctx.branch,
                 }
             )
-        ctx.trail.append(path_text(path))
+        ctx.trail.append(key)
 
 
 def json_result(value: Any, step: Step, path: list[Any]) -> Any:

@@ -30,3 +30,11 @@ TASK_FUNCTION = 300
 #: A ``TASKS`` backend alias, a queue name.
 TASK_BACKEND = 100
 TASK_QUEUE = 100
+#: Who did an operator action (a user name; also the event's ``created_by``).
+OPERATOR = CREATED_BY
+#: Why an operator did it (stored in the event's payload, shown in the timeline).
+OPERATOR_REASON = 1000
+#: The traceback a failed step leaves in its ``run-failed`` event, in characters.
+TRACEBACK = 16_384
+#: The step results a failed or completed run keeps in its closing event, in bytes of JSON.
+CLOSING_STEPS = 16_384

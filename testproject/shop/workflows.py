@@ -5,8 +5,13 @@
 - ``webhook-delivery``: one webhook per processed data event.
 - ``daily-report``: a webhook every morning at 09:00 UTC.
 - ``order-invoice``: renders an invoice outside the transaction (a task step).
+- ``refund-approval``: a refund waits for a person's approval (the console's
+  "Send event"), or is declined after three days.
+- ``invoice-reminder``: reminds a customer of an overdue invoice; an invoice
+  of a customer the shop does not know fails (the demo's failed run).
 
-And the probes the tests of task steps start (``task-*``).
+And the probes the tests start: task steps (``task-*``), compensation and
+branches under SIGKILL and four workers.
 """
 
 from __future__ import annotations
@@ -86,6 +91,57 @@ daily_report = define_workflow(
             body=lambda ctx: {"ts": ctx.event.payload["scheduled_for"]},
         ),
         s.return_({"ok": True}),
+    ],
+)
+
+
+refund_approval = define_workflow(
+    "refund-approval",
+    trigger=on_event("refund.requested"),
+    idempotency_key=lambda event: f"refund:{event.payload['refund_id']}",
+    steps=[
+        s.mail_send(
+            to="support@shop.example",
+            subject=lambda ctx: f"Refund {ctx.event.payload['refund_id']} needs an approval",
+            body=lambda ctx: (
+                f"{ctx.event.payload['cents'] / 100:.2f} EUR for "
+                f"{ctx.event.payload['user_id']}; approve it in the console."
+            ),
+        ),
+        s.wait_for_event(
+            "refund.approved",
+            match={"payload.refund_id": lambda ctx: ctx.event.payload["refund_id"]},
+            timeout="P3D",
+            name="approval",
+        ),
+        s.branch(
+            if_=lambda ctx: not ctx.steps["approval"]["timed_out"],
+            then=[s.compute("outcome", lambda ctx: "refunded")],
+            else_=[s.compute("outcome", lambda ctx: "declined: no approval within 3 days")],
+        ),
+        s.return_(
+            lambda ctx: {"refund": ctx.event.payload["refund_id"], "outcome": ctx.steps["outcome"]}
+        ),
+    ],
+)
+
+invoice_reminder = define_workflow(
+    "invoice-reminder",
+    trigger=on_event("invoice.overdue"),
+    business_key="payload.invoice",
+    steps=[
+        s.read.find_one(
+            "customer",
+            "shop.Customer",
+            lambda ctx: {"user_id": ctx.event.payload["user_id"]},
+            fields=["user_id", "email"],
+        ),
+        s.mail_send(
+            to=lambda ctx: ctx.steps["customer"]["email"],
+            subject=lambda ctx: f"Invoice {ctx.event.payload['invoice']} is overdue",
+            body="Please pay it at your convenience.",
+        ),
+        s.return_({"reminded": True}),
     ],
 )
 

@@ -17,7 +17,7 @@ import pytest
 
 from kumiflow_django import append_event, define_workflow, on_cron, on_event
 from kumiflow_django import steps as s
-from kumiflow_django.models import Event, WorkflowRun
+from kumiflow_django.models import Dispatch, Event, WorkflowRun
 from kumiflow_django.workers.cron import CronLoop
 
 pytestmark = pytest.mark.django_db
@@ -56,7 +56,12 @@ def data(registry):
     append_event("o-1", "order.placed", {"order": 1})
     CronLoop().run_once()
     run = WorkflowRun.objects.get()
-    return {"run": str(run.id), "position": str(Event.objects.earliest("position").position)}
+    return {
+        "run8": str(run.id)[:8],  # before {run}: "{run8}" does not contain "{run}"
+        "run": str(run.id),
+        "dispatch": str(Dispatch.objects.get().id),
+        "position": str(Event.objects.earliest("position").position),
+    }
 
 
 def url(path: str, **params: str) -> str:
@@ -81,10 +86,20 @@ for label, bad in BAD_IDS.items():
     # pages of one object: the run's page is ours (404); Django's redirect with a message
     case(f"run page, {label}", "get", page("workflowrun", bad), 404)
     case(f"run history, {label}", "get", page("workflowrun", bad, "history/"), 302)
-    for operation in ("cancel", "retry", "wake"):
+    for operation in ("cancel", "retry", "retry-current", "wake"):
         address = page("workflowrun", bad, f"operate/{operation}/")
         case(f"run {operation}, {label}", "post", address, 404)
-    case(f"run operate by GET, {label}", "get", page("workflowrun", bad, "operate/cancel/"), 403)
+        case(f"run {operation} confirmation, {label}", "get", address, 404)
+    case(f"run send-event, {label}", "get", page("workflowrun", bad, "send-event/"), 404)
+    case(f"run send-event POST, {label}", "post", page("workflowrun", bad, "send-event/"), 404)
+    for operation in ("redeliver", "cancel"):
+        address = page("dispatch", bad, f"operate/{operation}/")
+        case(f"dispatch {operation}, {label}", "get", address, 404)
+        case(f"dispatch {operation} POST, {label}", "post", address, 404)
+    for operation in ("fire", "enable", "disable"):
+        address = page("cronschedule", bad, f"operate/{operation}/")
+        case(f"schedule {operation}, {label}", "get", address, 404)
+        case(f"schedule {operation} POST, {label}", "post", address, 404)
     case(f"event page, {label}", "get", page("event", bad), 302)
     case(f"dispatch page, {label}", "get", page("dispatch", bad), 302)
     case(f"schedule page, {label}", "get", page("cronschedule", bad), 302)
@@ -111,8 +126,16 @@ for label, bad in BAD_IDS.items():
 case("run page, unknown uuid", "get", page("workflowrun", UNKNOWN_UUID), 404)
 case("run cancel, unknown uuid", "post", page("workflowrun", UNKNOWN_UUID, "operate/cancel/"), 404)
 case("run, an unknown operation", "post", page("workflowrun", "{run}", "operate/bogus/"), 403)
+case("run, an unknown operation by GET", "get", page("workflowrun", "{run}", "operate/bogus/"), 403)
+case("dispatch, an unknown operation", "get", page("dispatch", "{dispatch}", "operate/x/"), 403)
 case("run page", "get", page("workflowrun", "{run}"), 200)
+case("run cancel confirmation", "get", page("workflowrun", "{run}", "operate/cancel/"), 200)
 case("run cancel, the real run", "post", page("workflowrun", "{run}", "operate/cancel/"), 302)
+case("run send-event, the real run", "get", page("workflowrun", "{run}", "send-event/"), 200)
+case("dispatch redeliver, real", "get", page("dispatch", "{dispatch}", "operate/redeliver/"), 200)
+case("schedule fire, the real one", "get", page("cronschedule", "nightly", "operate/fire/"), 200)
+case("overview", "get", A + "workflowrun/overview/", 200)
+case("run search, a run id prefix", "get", url("workflowrun/", q="{run8}"), 200, 1)
 case("dispatch ?run=, blank", "get", url("dispatch/", run=" "), 200, 1)
 case("event page, a real position", "get", page("event", "{position}"), 200)
 case("event search, huge position", "get", url("event/", q="99999999999999999999999"), 200, 0)
@@ -128,7 +151,10 @@ for model, param, value, rows in [
     ("dispatch", "kind__exact", "mail", 1),
     ("event", "stream", "{run}", 2),
     ("event", "type", "order.placed", 1),
-    ("event", "tenant", "default", 5),
+    ("event", "tenant", "default", 1),  # the engine's events are hidden by default
+    ("event", "engine", "shown", 5),
+    ("event", "engine", "only", 4),
+    ("event", "type", "order.", 1),  # the start of a type
 ]:
     case(f"{model} ?{param}={value}", "get", url(f"{model}/", **{param: value}), 200, rows)
 
@@ -139,7 +165,8 @@ for model, param, value, rows in [
 def test_a_malformed_id_or_filter_value_is_not_a_server_error(
     admin_client, data, method, address, status, rows
 ):
-    address = address.replace("{run}", data["run"]).replace("{position}", data["position"])
+    for name, value in data.items():
+        address = address.replace("{" + name + "}", value)
     response = getattr(admin_client, method)(address)
     assert response.status_code == status
     if rows is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.management.commands.flush import Command as FlushCommand
 
+from kumiflow_django.definition.snapshots import forget
 from kumiflow_django.store.immutability import erasure_permit
 
 
@@ -19,3 +20,4 @@ class Command(FlushCommand):
     def handle(self, **options: Any) -> None:
         with erasure_permit(options["database"]):
             super().handle(**options)
+        forget()  # the definition snapshots are gone with the rest

@@ -5,6 +5,10 @@ events (an engaged and a cold user), runs the worker with a fast-forwarded
 clock through both waits, delivers the mails (console backend) and the CRM
 webhook (to a receiver it starts on loopback), prints each run's timeline
 and tells how to open the same runs in the admin.
+
+It also leaves two runs to look at in the console: a refund waiting for a
+person's approval (send it from the run's page) and an invoice reminder that
+failed (a customer the shop does not know: the failure panel shows why).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from kumiflow_django import VersionConflict, append_event, load_stream
+from kumiflow_django.cron.schedules import sync_schedules
 from kumiflow_django.models import Dispatch, Event, WorkflowRun
 from kumiflow_django.testing import VirtualClock, virtual_clock
 from kumiflow_django.workers.worker import Worker
@@ -54,7 +59,8 @@ class Command(BaseCommand):
             with override_settings(**overrides):
                 runs = self.story(clock, crm)
         self.timelines(runs, start)
-        self.footer(runs)
+        leftovers = self.leftovers()
+        self.footer(runs, leftovers)
 
     # -- the story ----------------------------------------------------------
     def story(self, clock: VirtualClock, crm: DemoReceiver) -> list[WorkflowRun]:
@@ -105,6 +111,33 @@ class Command(BaseCommand):
             run.refresh_from_db()
         return runs
 
+    def leftovers(self) -> dict[str, WorkflowRun]:
+        """A run waiting for an approval and a failed run, for the console."""
+        tag = secrets.token_hex(2)
+        self.step("Left for you in the console: a refund waiting for approval, a failed reminder")
+        append_event(
+            f"refund-{tag}",
+            "refund.requested",
+            {"refund_id": f"R-{tag}", "user_id": "ada", "cents": 1999},
+            stream_type="refund",
+        )
+        append_event(
+            f"invoice-{tag}",
+            "invoice.overdue",
+            {"invoice": f"INV-{tag}", "user_id": f"nobody-{tag}"},
+            stream_type="invoice",
+        )
+        self.flush()
+        Worker(cron=False).run_once()  # the approval request mail
+        sync_schedules()  # the daily report's schedule, for the overview's next fires
+        waiting = WorkflowRun.objects.get(
+            workflow="refund-approval", idempotency_key=f"refund:R-{tag}"
+        )
+        failed = WorkflowRun.objects.filter(workflow="invoice-reminder").latest("started_at")
+        self.say(f"run {str(waiting.id)[:8]} waits for refund.approved (refund R-{tag})")
+        self.say(f"run {str(failed.id)[:8]} failed: {failed.last_error}")
+        return {"waiting": waiting, "failed": failed}
+
     # -- output -------------------------------------------------------------
     def timelines(self, runs: list[WorkflowRun], start: Any) -> None:
         for run in runs:
@@ -137,14 +170,17 @@ class Command(BaseCommand):
             return str(p["error"])
         return ""
 
-    def footer(self, runs: list[WorkflowRun]) -> None:
+    def footer(self, runs: list[WorkflowRun], leftovers: dict[str, WorkflowRun]) -> None:
         completed = sum(r.status == "completed" for r in runs)
-        self.heading(f"{completed} of {len(runs)} runs completed.")
+        self.heading(f"{completed} of {len(runs)} onboarding runs completed.")
+        base = "http://127.0.0.1:8000/admin/kumiflow/workflowrun"
         self.stdout.write(
             "See the same runs in the admin:\n"
-            "  make serve        (or: .venv/bin/python manage.py runserver 127.0.0.1:8000)\n"
-            f"  open http://127.0.0.1:8000/admin/kumiflow/workflowrun/ and log in as "
+            "  make serve        (or: DEBUG=true .venv/bin/python manage.py runserver)\n"
+            f"  open http://127.0.0.1:8000/admin/kumiflow/workflowrun/overview/ and log in as "
             f"{ADMIN_USER} / {ADMIN_PASSWORD} (a development-only account)\n"
+            f"  the refund waiting for approval: {base}/{leftovers['waiting'].id}/change/\n"
+            f"  the failed reminder:             {base}/{leftovers['failed'].id}/change/\n"
             "Run the worker for real with: .venv/bin/python manage.py kumiflow_worker"
         )
         if completed != len(runs):
