@@ -61,6 +61,17 @@ class KumiflowSettings:
     #: JSON; a step whose result makes it larger fails the run. Every supported
     #: database stores a row of this size with its default configuration.
     MAX_STATE_BYTES: int = 4_194_304
+    #: OpenTelemetry spans (``kumiflow-django[otel]``): None, on when
+    #: ``opentelemetry-api`` is installed; True, on (an error if it is not);
+    #: False, off. Read once, at start-up.
+    TRACING: bool | None = None
+    #: Prometheus metrics (``kumiflow-django[metrics]``), like TRACING for
+    #: ``prometheus-client``.
+    METRICS: bool | None = None
+    #: Bearer token(s) that may read the metrics endpoints; None: the web view
+    #: lets in only users with ``kumiflow.view_workflowrun``, and the worker's
+    #: endpoint anyone who can reach it.
+    METRICS_TOKEN: str | Sequence[str] | None = None
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():

@@ -17,7 +17,6 @@ move between releases.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from datetime import datetime
 
@@ -25,9 +24,10 @@ from django.tasks import task
 
 from kumiflow_django.conf import settings
 from kumiflow_django.engine.resuming import resume_run
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import Work, WorkKind, on_committed
 
-logger = logging.getLogger("kumiflow_django.tasks")
+logger = get_logger("kumiflow_django.tasks")
 
 
 @task

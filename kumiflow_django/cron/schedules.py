@@ -15,7 +15,6 @@ its expression or zone enables it again; an operator's reason is kept.
 from __future__ import annotations
 
 import itertools
-import logging
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -33,13 +32,14 @@ from kumiflow_django.projections.runs import FINISHED, WorkflowRun
 from kumiflow_django.projections.schedules import BROKEN, NOT_REGISTERED, CronSchedule, fit
 from kumiflow_django.projections.schedules import append as _record
 from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import UnknownWorkflow, WorkflowDefinitionError
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.cron.schedules")
+logger = get_logger("kumiflow_django.cron.schedules")
 
 #: Counting missed occurrences stops here (a per-second schedule after a long outage).
 _COUNT_CAP = 10_000
@@ -240,7 +240,16 @@ def fire_schedule(workflow: str, version: int | None = None) -> int:
             if schedule.next_fire_at > now:
                 return 0
             seen = schedule.version
-            return _fire(schedule, now)
+            # telemetry: the fire's span; the runs it starts are its children
+            with telemetry.span(
+                "cron",
+                workflow=workflow,
+                tenant=schedule.tenant_id,
+                scheduled_for=schedule.next_fire_at.isoformat(),
+            ) as span:
+                fired = _fire(schedule, now)
+                span.set(outcome="fired" if fired else "skipped", runs=fired)
+            return fired
     except Exception as exc:
         _disable_broken(workflow, seen, exc)
         return 0
@@ -287,6 +296,8 @@ def _fire(schedule: CronSchedule, now: datetime) -> int:
             True, using=db.alias()
         )  # another scheduler fired it: undo our starts
         return 0
+    telemetry.count(telemetry.CRON_OCCURRENCES, len(run_ids), workflow=workflow, outcome="fired")
+    telemetry.count(telemetry.CRON_OCCURRENCES, skipped, workflow=workflow, outcome="skipped")
     if nxt is None:  # a year field that has run out: this was the last occurrence
         reason = _broken(f"no occurrence after {isoformat(last)}")
         payload = {"reason": reason, "next_fire_at": None}
@@ -300,7 +311,10 @@ def fire_now(workflow: str) -> str:
     if not registry.is_registered(workflow):
         raise UnknownWorkflow(f"no workflow named {workflow!r} is registered")
     now = clock.now().replace(microsecond=0)
-    with db.atomic():
+    with (
+        db.atomic(),
+        telemetry.span("cron", workflow=workflow, manual=True, scheduled_for=now.isoformat()),
+    ):
         schedule = _lock(workflow, None, skip_locked=False)
         if schedule is None:
             raise UnknownWorkflow(f"{workflow!r} has no cron schedule (run kumiflow_cron once)")

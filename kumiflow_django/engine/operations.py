@@ -7,8 +7,8 @@ the run row through the projection, like every other change of a run.
 
 from __future__ import annotations
 
-import logging
 import uuid
+from functools import partial
 from typing import Any
 
 from kumiflow_django.definition.context import new_state
@@ -17,14 +17,15 @@ from kumiflow_django.engine.segment import Segment
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
-from kumiflow_django.store import db
+from kumiflow_django.store import db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import InvalidRunState, RunNotFound
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
-logger = logging.getLogger("kumiflow_django.engine.operations")
+logger = get_logger("kumiflow_django.engine.operations")
 
 _SUSPENSIONS = {
     ev.STEP_WAITING: RunStatus.WAITING,
@@ -66,6 +67,8 @@ def cancel_run(
                 f"run {run.id} is {run.status}: only unfinished runs are cancelled"
             )
         updated = _append(run, ev.RUN_CANCELLED, {"reason": reason or "cancelled"})
+        if telemetry.measuring():
+            db.on_commit(partial(telemetry.count, telemetry.RUNS_CANCELLED, workflow=run.workflow))
         pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
         for dispatch_id in pending.values_list("id", flat=True):
             cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")

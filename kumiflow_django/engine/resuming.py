@@ -17,7 +17,6 @@ commit.
 from __future__ import annotations
 
 import copy
-import logging
 import uuid
 from functools import partial
 from typing import Any
@@ -38,9 +37,10 @@ from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
-logger = logging.getLogger("kumiflow_django.engine.resuming")
+logger = get_logger("kumiflow_django.engine.resuming")
 
 #: Awaited "types" that stand for several event types.
 ALIASES: dict[str, tuple[str, ...]] = {ev.SETTLED: ev.OUTCOME_TYPES}

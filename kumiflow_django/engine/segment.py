@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextvars
 import json
-import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +32,11 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text, dump, to_json
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
-logger = logging.getLogger("kumiflow_django.engine")
+logger = get_logger("kumiflow_django.engine")
 
 #: How deeply segments are nested in this thread (a step that appends an
 #: event may start or wake another run inside the same transaction).

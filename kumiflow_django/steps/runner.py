@@ -14,6 +14,7 @@ from kumiflow_django.definition.context import Context
 from kumiflow_django.definition.step import Step, get_kind, path_text
 from kumiflow_django.steps.control import ReturnValue, StepError, Suspend
 from kumiflow_django.store.errors import InvalidEvent
+from kumiflow_django.store.telemetry import StepScope
 from kumiflow_django.store.values import to_json
 
 
@@ -27,20 +28,28 @@ def run_steps(
         path = [*prefix, index]
         kind = get_kind(step.kind)
         step_resume = inner if resume is not None and index == start else None
-        try:
-            result = kind.execute(step, ctx, path, step_resume)
-        except ReturnValue:
+        # telemetry: the step's span, and its path in the log fields
+        with StepScope(path, kind=step.kind, name=step.name, run=ctx.run) as span:
+            try:
+                result = kind.execute(step, ctx, path, step_resume)
+            except ReturnValue:
+                span.set(outcome="returned")
+                ctx.trail.append(path_text(path))
+                raise
+            except Suspend:
+                span.set(outcome="suspended")
+                raise
+            except StepError as failure:
+                span.fail(failure.error if failure.path == path else failure.describe())
+                raise
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: a step's exception fails its run
+                span.fail(exc)
+                raise StepError(path, step.kind, step.name, exc) from exc
+            if step.name is not None and kind.stores_result:
+                ctx.steps[step.name] = json_result(result, step, path)
             ctx.trail.append(path_text(path))
-            raise
-        except (Suspend, StepError):
-            raise
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # SystemExit too: a step's exception fails its run
-            raise StepError(path, step.kind, step.name, exc) from exc
-        if step.name is not None and kind.stores_result:
-            ctx.steps[step.name] = json_result(result, step, path)
-        ctx.trail.append(path_text(path))
 
 
 def json_result(value: Any, step: Step, path: list[Any]) -> Any:

@@ -10,7 +10,6 @@ own polls stay the source of truth: a lost notification only costs latency.
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -21,8 +20,9 @@ from typing import NamedTuple
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store import clock, db
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.wakeups")
+logger = get_logger("kumiflow_django.wakeups")
 
 CHANNEL = "kumiflow_work"
 

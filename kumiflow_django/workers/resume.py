@@ -14,7 +14,6 @@ stream, where the admin shows it.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
@@ -32,10 +31,11 @@ from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import clock, db
 from kumiflow_django.store.db import is_transient
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
 
-logger = logging.getLogger("kumiflow_django.resume")
+logger = get_logger("kumiflow_django.resume")
 
 
 class Due(NamedTuple):
