@@ -23,6 +23,7 @@ when it is set; the view also lets in a signed-in user with the
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -221,6 +222,20 @@ def install(registry: CollectorRegistry = REGISTRY) -> PrometheusMeter:
     telemetry.set_meter(meter)
     _registry = registry
     return meter
+
+
+@contextlib.contextmanager
+def isolated(registry: CollectorRegistry | None = None) -> Iterator[CollectorRegistry]:
+    """Count into ``registry`` (a new one by default) inside the block only: for tests."""
+    global _registry
+    saved = _registry
+    registry = registry or CollectorRegistry()
+    with telemetry.isolated():
+        try:
+            install(registry)
+            yield registry
+        finally:
+            _registry = saved
 
 
 def uninstall() -> None:
