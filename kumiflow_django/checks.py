@@ -62,6 +62,10 @@ def _optional_str(v: Any) -> bool:
     return v is None or (isinstance(v, str) and bool(v))
 
 
+def _optional_bool(v: Any) -> bool:
+    return v is None or isinstance(v, bool)
+
+
 #: Shortest metrics token: guessing one must be out of reach.
 MIN_TOKEN_LENGTH = 24
 
@@ -99,8 +103,8 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "RESUME_THREADS": ("kumiflow.E017", _positive_int, "a positive integer"),
     "MAX_VALUE_BYTES": ("kumiflow.E018", _positive_int, "a positive integer (bytes)"),
     "MAX_STATE_BYTES": ("kumiflow.E019", _positive_int, "a positive integer (bytes)"),
-    "TRACING": ("kumiflow.E030", lambda v: v in (None, True, False), "None, True or False"),
-    "METRICS": ("kumiflow.E031", lambda v: v in (None, True, False), "None, True or False"),
+    "TRACING": ("kumiflow.E030", _optional_bool, "None, True or False"),
+    "METRICS": ("kumiflow.E031", _optional_bool, "None, True or False"),
     "METRICS_TOKEN": (
         "kumiflow.E032",
         _tokens,

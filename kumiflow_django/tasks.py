@@ -24,7 +24,7 @@ from django.tasks import task
 
 from kumiflow_django.conf import settings
 from kumiflow_django.engine.resuming import resume_run
-from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.wakeups import Work, WorkKind, on_committed
 
 logger = get_logger("kumiflow_django.tasks")
@@ -41,7 +41,12 @@ def enqueue(alias: str, run_id: uuid.UUID, when: datetime | None) -> None:
     try:
         wake_run.using(backend=alias, run_after=when).enqueue(str(run_id))
     except Exception:  # the loop resumes the run anyway
-        logger.warning("run %s: enqueueing the wake-up task failed", run_id, exc_info=True)
+        logger.warning(
+            "run %s: enqueueing the wake-up task failed",
+            run_id,
+            exc_info=True,
+            extra=log_fields(run_id=run_id),
+        )
 
 
 def _enqueue_wake_up(work: Work) -> None:

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kumiflow_django import append_event, cancel_run, define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
+from kumiflow_django.checks import check_settings
 from kumiflow_django.models import Dispatch, RunStatus, WorkflowRun
 from kumiflow_django.observability import metrics
 from kumiflow_django.observability.metrics import DatabaseCollector, MetricsServer
@@ -84,10 +85,13 @@ def test_runs_are_counted_per_workflow_when_their_transaction_commits(
     assert value(registry_, "kumiflow_segment_duration_seconds_count", workflow="ok") == 2
 
     # A start whose transaction rolls back started nothing.
-    with django_capture_on_commit_callbacks(execute=True):
-        with pytest.raises(RuntimeError), transaction.atomic():
-            start_workflow("ok")
-            raise RuntimeError("the request failed")
+    with (
+        django_capture_on_commit_callbacks(execute=True),
+        pytest.raises(RuntimeError),
+        transaction.atomic(),
+    ):
+        start_workflow("ok")
+        raise RuntimeError("the request failed")
     assert value(registry_, "kumiflow_runs_started_total", workflow="ok") == 2
 
 
@@ -142,8 +146,30 @@ def test_the_task_attempt_hook_counts_attempts_and_their_duration(registry_):
 @pytest.mark.django_db
 def test_every_declared_metric_is_exposed(registry_):
     names = {family.name for family in registry_.collect()}
-    for name, spec in telemetry.METRICS.items():
+    for name in telemetry.METRICS:
         assert f"kumiflow_{name}" in names, name
+
+
+@pytest.mark.parametrize(
+    ("name", "setting", "check_id"),
+    [
+        ("TRACING", "yes", "kumiflow.E030"),
+        ("METRICS", 1, "kumiflow.E031"),
+        ("METRICS_TOKEN", "too-short", "kumiflow.E032"),
+        ("METRICS_TOKEN", [], "kumiflow.E032"),
+        ("METRICS_TOKEN", [TOKEN, 7], "kumiflow.E032"),
+        ("METRICS_TOKEN", f" {TOKEN}", "kumiflow.E032"),
+    ],
+)
+def test_the_observability_settings_are_checked(name, setting, check_id, settings):
+    setattr(settings, f"KUMIFLOW_{name}", setting)
+    assert [message.id for message in check_settings()] == [check_id]
+
+
+def test_integrations_asked_for_pass_the_checks_where_installed(settings):
+    settings.KUMIFLOW_TRACING = settings.KUMIFLOW_METRICS = True
+    settings.KUMIFLOW_METRICS_TOKEN = [TOKEN, TOKEN[::-1]]
+    assert check_settings() == []
 
 
 # -- gauges from the database ---------------------------------------------
@@ -218,12 +244,12 @@ def test_the_gauge_queries_read_indexes_not_the_tables():
     """With 20,000 finished runs and delivered dispatches, every gauge query
     reads one of the indexes the engine already has."""
     now = at("2026-05-01T12:00:00+00:00")
-    done = dict(status=RunStatus.COMPLETED, version=2, started_at=now, updated_at=now)
+    done = {"status": RunStatus.COMPLETED, "version": 2, "started_at": now, "updated_at": now}
     WorkflowRun.objects.bulk_create(
         [WorkflowRun(tenant_id="t", workflow="w", fingerprint="f", **done) for _ in range(20_000)],
         batch_size=2000,
     )
-    delivered = dict(status="delivered", version=3, created_at=now, updated_at=now)
+    delivered = {"status": "delivered", "version": 3, "created_at": now, "updated_at": now}
     Dispatch.objects.bulk_create(
         [Dispatch(tenant_id="t", kind="webhook", **delivered) for _ in range(20_000)],
         batch_size=2000,
@@ -364,10 +390,12 @@ def test_kumiflow_worker_metrics_port_serves_the_process_and_the_database():
             return parse(requests.get(url, timeout=10).text)
 
         wait_for(
-            lambda: sample(
-                scrape(), "kumiflow_segments_total", workflow="poison-pill", outcome="suspended"
-            )
-            == 1,
+            lambda: (
+                sample(
+                    scrape(), "kumiflow_segments_total", workflow="poison-pill", outcome="suspended"
+                )
+                == 1
+            ),
             60,
             "the worker's segment in its own counters",
         )

@@ -371,8 +371,9 @@ def test_the_task_attempt_hook_opens_a_span_under_the_requesting_context(registr
         requested = telemetry.carrier()
     assert requested == {"traceparent": traceparent(requesting)}
 
-    with pytest.raises(TimeoutError):
-        with telemetry.task_attempt(
+    with (
+        pytest.raises(TimeoutError),
+        telemetry.task_attempt(
             run_id="r1",
             workflow="agent",
             tenant="acme",
@@ -380,8 +381,9 @@ def test_the_task_attempt_hook_opens_a_span_under_the_requesting_context(registr
             task="fetch",
             attempt=2,
             parent=requested,
-        ):
-            raise TimeoutError("slow")
+        ),
+    ):
+        raise TimeoutError("slow")
     with telemetry.task_attempt(
         run_id="r1", workflow="agent", tenant="acme", step_path=[3], task="fetch", attempt=3
     ) as attempt:

@@ -88,13 +88,18 @@ def sync_schedules() -> None:
             _disable_broken(workflow.name, version, exc, definition=_definition(trigger))
     for row in rows.values():
         if row.registered:
+            fields = telemetry.log_fields(workflow=row.workflow, tenant=row.tenant_id)
             logger.warning(
-                "cron schedule %s disabled: its workflow is not registered", row.workflow
+                "cron schedule %s disabled: its workflow is not registered",
+                row.workflow,
+                extra=fields,
             )
             try:
                 _safely(_remove, row)
             except Exception:
-                logger.exception("cron schedule %s: disabling it failed", row.workflow)
+                logger.exception(
+                    "cron schedule %s: disabling it failed", row.workflow, extra=fields
+                )
 
 
 def _sync_one(name: str, trigger: CronTrigger, row: CronSchedule | None, now: datetime) -> None:
@@ -155,9 +160,20 @@ def _disable_broken(
     except (IntegrityError, StaleRow):
         return  # another scheduler changed the schedule first
     except Exception:
-        logger.exception("cron schedule %s failed (%s); disabling it failed too", workflow, reason)
+        logger.exception(
+            "cron schedule %s failed (%s); disabling it failed too",
+            workflow,
+            reason,
+            extra=telemetry.log_fields(workflow=workflow),
+        )
         return
-    logger.error("cron schedule %s disabled: %s", workflow, reason, exc_info=cause)
+    logger.error(
+        "cron schedule %s disabled: %s",
+        workflow,
+        reason,
+        exc_info=cause,
+        extra=telemetry.log_fields(workflow=workflow),
+    )
 
 
 def _lock(workflow: str, version: int | None, *, skip_locked: bool) -> CronSchedule | None:
@@ -189,7 +205,13 @@ def _start(schedule: CronSchedule, occurrence: datetime, manual: bool = False) -
         since=since,
         input_=data,
     )
-    logger.info("cron %s: occurrence %s started run %s", schedule.workflow, when, run.id)
+    logger.info(
+        "cron %s: occurrence %s started run %s",
+        schedule.workflow,
+        when,
+        run.id,
+        extra=telemetry.run_log_fields(run),
+    )
     return str(run.id)
 
 
@@ -233,7 +255,7 @@ def fire_schedule(workflow: str, version: int | None = None) -> int:
     now = clock.now()
     seen = version
     try:
-        with db.atomic():
+        with db.atomic(), telemetry.run_fields(None, workflow, None):
             schedule = _lock(workflow, version, skip_locked=True)
             if schedule is None or not schedule.enabled or schedule.next_fire_at is None:
                 return 0
@@ -261,7 +283,11 @@ def _fire(schedule: CronSchedule, now: datetime) -> int:
     workflow = schedule.workflow
     current = registry.get(workflow) if registry.is_registered(workflow) else None
     if current is None or not isinstance(current.trigger, CronTrigger):
-        logger.warning("cron schedule %s disabled: its workflow is not registered", workflow)
+        logger.warning(
+            "cron schedule %s disabled: its workflow is not registered",
+            workflow,
+            extra=telemetry.log_fields(workflow=workflow, tenant=schedule.tenant_id),
+        )
         _safely(_remove, schedule)
         return 0
     chosen, skipped = _choose(schedule, now)

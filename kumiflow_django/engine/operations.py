@@ -72,7 +72,12 @@ def cancel_run(
         pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
         for dispatch_id in pending.values_list("id", flat=True):
             cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")
-    logger.info("run %s cancelled (%s)", run.id, reason or "no reason given")
+    logger.info(
+        "run %s cancelled (%s)",
+        run.id,
+        reason or "no reason given",
+        extra=telemetry.run_log_fields(run),
+    )
     return updated
 
 
@@ -149,5 +154,10 @@ def retry_run(
             payload["version"] = current.version
         updated = _append(run, ev.RUN_RETRIED, payload)
         work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-    logger.info("run %s retried from %s", run.id, payload["restore"]["cursor"])
+    logger.info(
+        "run %s retried from %s",
+        run.id,
+        payload["restore"]["cursor"],
+        extra=telemetry.run_log_fields(run),
+    )
     return updated

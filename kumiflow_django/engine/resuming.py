@@ -37,7 +37,7 @@ from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.models import Event
-from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.store.telemetry import get_logger, run_log_fields
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
 logger = get_logger("kumiflow_django.engine.resuming")
@@ -92,7 +92,13 @@ def resume_run(
     updated = execute(prepare)
     if updated is not None:
         after_segment(updated)
-        logger.info("run %s of %s resumed -> %s", updated.id, updated.workflow, updated.status)
+        logger.info(
+            "run %s of %s resumed -> %s",
+            updated.id,
+            updated.workflow,
+            updated.status,
+            extra=run_log_fields(updated),
+        )
     return updated
 
 
@@ -296,7 +302,12 @@ def _wake_inline(run: WorkflowRun, event: Event) -> None:
     except Exception as exc:
         if is_transient(exc):
             raise
-        logger.exception("run %s: could not be woken by event %s", run.id, event.position)
+        logger.exception(
+            "run %s: could not be woken by event %s",
+            run.id,
+            event.position,
+            extra=run_log_fields(run),
+        )
 
 
 def _deliver(run_id: uuid.UUID, event: Event) -> None:

@@ -35,7 +35,7 @@ from kumiflow_django.engine import observed
 from kumiflow_django.engine.segment import Failure, Segment, advance
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.models import Event
@@ -122,7 +122,8 @@ def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> Workflow
             return _run(opening)
     except Failure as failure:  # a step failed: its segment was rolled back as a whole
         assert opening is not None
-        logger.warning("run %s failed: %s", opening.run_id, failure)
+        fields = telemetry.log_fields(step_path=failure.cursor)
+        logger.warning("run %s failed: %s", opening.run_id, failure, extra=fields)
         return _record(opening, opening.first, (ev.RUN_FAILED, failure.payload()))
     except StaleRow:
         return None
@@ -143,7 +144,8 @@ def _run(opening: Opening) -> WorkflowRun:
     for type_, payload in opening.first:
         observed.stamp(segment.add(type_, dict(payload)), opening)
     if opening.failure is not None:  # known before anything runs: nothing to roll back
-        logger.warning("run %s failed: %s", opening.run_id, opening.failure)
+        fields = telemetry.log_fields(step_path=opening.failure.cursor)
+        logger.warning("run %s failed: %s", opening.run_id, opening.failure, extra=fields)
         segment.add(ev.RUN_FAILED, opening.failure.payload())
     elif opening.steps is not None:
         steps = opening.steps

@@ -32,7 +32,7 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.models import Event
-from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.values import clean_text, dump, to_json
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
@@ -156,6 +156,7 @@ def advance(
             run.id,
             failure.describe(),
             exc_info=(type(failure.error), failure.error, failure.error.__traceback__),
+            extra=log_fields(step_path=failure.path),
         )
         raise Failure(
             ev.STEP_FAILED, clean_text(failure.describe(), 1000), failure.path, _trail(ctx)
@@ -233,5 +234,9 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
             },
         )
     logger.debug(
-        "run %s suspended (%s) at %s", ctx.run.id, type(wait).__name__, path_text(suspend.cursor)
+        "run %s suspended (%s) at %s",
+        ctx.run.id,
+        type(wait).__name__,
+        path_text(suspend.cursor),
+        extra=log_fields(step_path=suspend.cursor),
     )

@@ -96,7 +96,12 @@ def start_triggered(event: Event) -> None:
         except BaseException as exc:  # user code: SystemExit fails the run like any error
             if is_transient(exc):
                 raise
-            logger.warning("workflow %s: trigger of event %s failed", workflow.name, event.position)
+            logger.warning(
+                "workflow %s: trigger of event %s failed",
+                workflow.name,
+                event.position,
+                extra=telemetry.log_fields(workflow=workflow.name, tenant=event.tenant_id),
+            )
             failure = Failure(
                 ev.STEP_FAILED, clean_text(f"{type(exc).__name__} in the trigger: {exc}", 600)
             )
@@ -119,6 +124,7 @@ def start_triggered(event: Event) -> None:
                 workflow.name,
                 event.type,
                 event.position,
+                extra=telemetry.log_fields(workflow=workflow.name, tenant=event.tenant_id),
             )
 
 

@@ -322,6 +322,42 @@ def _path_text(path: Sequence[Any]) -> str:
     return ".".join(str(p) for p in path)
 
 
+def log_fields(
+    *,
+    run_id: object = None,
+    workflow: str | None = None,
+    tenant: str | None = None,
+    step_path: Sequence[Any] | None = None,
+) -> dict[str, Any]:
+    """Fields for ``extra=``: for a line about a run logged outside its
+    segment, or about a step that is over. Fields not given come from the
+    work at hand."""
+    found: dict[str, Any] = {}
+    if run_id is not None:
+        found["run_id"] = str(run_id)
+    if workflow is not None:
+        found["workflow"] = workflow
+    if tenant is not None:
+        found["tenant"] = tenant
+    if step_path is not None:
+        found["step_path"] = step_path if isinstance(step_path, str) else _path_text(step_path)
+    return found
+
+
+class RunRow(Protocol):
+    @property
+    def id(self) -> Any: ...
+    @property
+    def workflow(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+
+
+def run_log_fields(run: RunRow) -> dict[str, Any]:
+    """:func:`log_fields` of a run row."""
+    return log_fields(run_id=run.id, workflow=run.workflow, tenant=run.tenant_id)
+
+
 class RunFieldsFilter(logging.Filter):
     """Adds ``run_id``, ``workflow``, ``tenant`` and ``step_path`` to each
     record (None outside a run); a field given in ``extra=`` is kept."""

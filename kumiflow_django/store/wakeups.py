@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store import clock, db
-from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.store.telemetry import get_logger, log_fields
 
 logger = get_logger("kumiflow_django.wakeups")
 
@@ -84,7 +84,8 @@ def _committed(work: Work) -> None:
         try:
             hook(work)
         except Exception:  # one hook never stops the wake-up of the loops
-            logger.warning("a wake-up hook failed for %s", work, exc_info=True)
+            fields = log_fields(run_id=work.run_id)
+            logger.warning("a wake-up hook failed for %s", work, exc_info=True, extra=fields)
     soon = clock.now() + timedelta(seconds=settings.MAX_INTERVAL)
     if work.when is None or work.when <= soon:  # far away: the loops find it by polling
         announce(work.kind)
