@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,7 +59,42 @@ def _wait(condition: Any, timeout: float) -> bool:
 def w1(db: str) -> dict[str, Any]:
     """1,000 workflows of 5 steps, one trigger event per transaction; and the
     machine's raw single-row insert-and-commit rate, measured alike."""
-    setup_django(database_url(db, "kumiflow_bench_w1"))
+    return _w1(db, "kumiflow_bench_w1", contextlib.nullcontext)
+
+
+def w1_observed(db: str) -> dict[str, Any]:
+    """W1 with tracing and metrics on: the OpenTelemetry SDK (spans batched
+    into an exporter that drops them) and prometheus-client, each trigger
+    appended inside a span, as in an instrumented request."""
+    os.environ["BENCH_OBSERVED"] = "1"  # bench/settings.py: KUMIFLOW_TRACING/METRICS on
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        exported = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            Dropped.exported += len(spans)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+    tracer = provider.get_tracer("bench")
+    result = _w1(db, "kumiflow_bench_w1o", lambda: tracer.start_as_current_span("POST /w1"))
+    provider.force_flush()
+    from prometheus_client import REGISTRY
+
+    result["spans_exported"] = Dropped.exported
+    result["runs_counted"] = REGISTRY.get_sample_value(
+        "kumiflow_runs_completed_total", {"workflow": "bench-w1"}
+    )
+    return result
+
+
+def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
+    setup_django(database_url(db, name))
     from django.db import transaction
 
     from kumiflow_django import append_event
@@ -66,12 +102,12 @@ def w1(db: str) -> dict[str, Any]:
     from testproject.shop.models import Tally
 
     for i in range(50):  # warm-up
-        with transaction.atomic():
+        with request(), transaction.atomic():
             append_event(f"warm-{i}", "bench.w1", {"n": i})
     n = 1000
     start = time.perf_counter()
     for i in range(n):
-        with transaction.atomic():
+        with request(), transaction.atomic():
             append_event(f"w1-{i}", "bench.w1", {"n": i})
     elapsed = time.perf_counter() - start
     assert WorkflowRun.objects.filter(status="completed").count() == n + 50
@@ -329,4 +365,12 @@ def w6(db: str) -> dict[str, Any]:
     return idle_scale(small, large)
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6}
+WORKLOADS = {
+    "W1": w1,
+    "W1-observed": w1_observed,
+    "W2": w2,
+    "W3": w3,
+    "W4": w4,
+    "W5": w5,
+    "W6": w6,
+}

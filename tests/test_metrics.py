@@ -144,6 +144,31 @@ def test_the_task_attempt_hook_counts_attempts_and_their_duration(registry_):
 
 
 @pytest.mark.django_db
+def test_a_broken_integration_never_fails_the_work_it_watches(registry, caplog):
+    class Broken:
+        def count(self, metric, value, labels):
+            raise ValueError("wrong labels")
+
+        observe = count
+
+        def span(self, *args):
+            raise RuntimeError("no tracer")
+
+        def carrier(self):
+            raise RuntimeError("no context")
+
+    define_workflow("ok", steps=[s.compute("a", lambda ctx: 1)])
+    with telemetry.isolated():
+        telemetry.set_meter(Broken())  # type: ignore[arg-type]
+        telemetry.set_tracer(Broken())  # type: ignore[arg-type]
+        assert start_workflow("ok").status == RunStatus.COMPLETED
+        assert append_event("s1", "anything", {}).metadata == {}
+    assert "telemetry: segments could not be counted" in caplog.text
+    assert "telemetry: the segment span could not be started" in caplog.text
+    assert "telemetry: the trace context could not be read" in caplog.text
+
+
+@pytest.mark.django_db
 def test_every_declared_metric_is_exposed(registry_):
     names = {family.name for family in registry_.collect()}
     for name in telemetry.METRICS:

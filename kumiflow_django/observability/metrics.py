@@ -63,6 +63,8 @@ class PrometheusMeter:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._metrics: dict[str, Counter | Histogram] = {}
+        # The labelled children, found once: ``labels()`` checks and locks every time.
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         for name, spec in telemetry.METRICS.items():
             if spec.kind == "counter":
                 self._metrics[name] = Counter(
@@ -78,15 +80,18 @@ class PrometheusMeter:
                     buckets=spec.buckets,
                 )
 
+    def _child(self, metric: str, labels: Mapping[str, str]) -> Any:
+        key = (metric, tuple(labels.items()))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._metrics[metric].labels(**labels)
+        return child
+
     def count(self, metric: str, value: float, labels: Mapping[str, str]) -> None:
-        counter = self._metrics[metric]
-        assert isinstance(counter, Counter)
-        counter.labels(**labels).inc(value)
+        self._child(metric, labels).inc(value)
 
     def observe(self, metric: str, value: float, labels: Mapping[str, str]) -> None:
-        histogram = self._metrics[metric]
-        assert isinstance(histogram, Histogram)
-        histogram.labels(**labels).observe(value)
+        self._child(metric, labels).observe(value)
 
 
 _UP = "Whether this scrape could read kumiflow-django's database."

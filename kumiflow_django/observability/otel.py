@@ -19,7 +19,6 @@ configured globally (the stored format must not depend on it).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -44,19 +43,22 @@ PREFIX = "kumiflow."
 _propagator = TraceContextTextMapPropagator()
 
 
+_PLAIN = (str, bool, int, float)
+
+
 def _value(value: Any) -> Any:
-    """An attribute value as OpenTelemetry takes it (paths as ``0.do.2``)."""
-    if isinstance(value, str | bool | int | float):
-        return value
+    """An attribute value as OpenTelemetry takes it (paths as ``0.do.2``, UUIDs as text)."""
     if isinstance(value, list | tuple):
         return ".".join(str(part) for part in value)
-    if isinstance(value, uuid.UUID):
-        return str(value)
     return str(value)
 
 
 def attributes(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {PREFIX + key: _value(value) for key, value in values.items() if value is not None}
+    return {
+        PREFIX + key: value if type(value) in _PLAIN else _value(value)
+        for key, value in values.items()
+        if value is not None
+    }
 
 
 def span_name(operation: str, values: Mapping[str, Any]) -> str:
@@ -90,6 +92,10 @@ class OtelSpan:
             self.outcome = values["outcome"]
         if self._span.is_recording():
             self._span.set_attributes(attributes(values))
+
+    def _ok(self) -> None:
+        self.outcome = "ok"
+        self._span.set_attribute(PREFIX + "outcome", "ok")
 
     def fail(self, error: BaseException | str) -> None:
         self.failed = True
@@ -126,7 +132,7 @@ class _Scope:
             if error is not None and handle.outcome is None and not handle.failed:
                 handle.fail(error)
             elif handle.outcome is None:
-                handle.set(outcome="ok")
+                handle._ok()
             self._span.end()
         finally:
             context_api.detach(self._token)
@@ -148,17 +154,18 @@ class OtelTracer:
         links: Sequence[telemetry.Carrier],
     ) -> _Scope:
         context = None
-        parent_context = extract(parent)
+        parent_context = extract(parent) if parent else None
         if parent_context is not None:
             context = trace.set_span_in_context(trace.NonRecordingSpan(parent_context))
-        else:
-            parent_context = trace.get_current_span().get_span_context()
         linked: list[trace.Link] = []
-        for carrier in links:
-            found = extract(carrier)
-            # A link to the span's own parent says nothing the parent does not.
-            if found is not None and found.span_id != parent_context.span_id:
-                linked.append(trace.Link(found))
+        if links:
+            if parent_context is None:
+                parent_context = trace.get_current_span().get_span_context()
+            for carrier in links:
+                found = extract(carrier)
+                # A link to the span's own parent says nothing the parent does not.
+                if found is not None and found.span_id != parent_context.span_id:
+                    linked.append(trace.Link(found))
         span = self._tracer.start_span(
             span_name(operation, values),
             context=context,

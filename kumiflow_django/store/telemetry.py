@@ -145,13 +145,23 @@ def span(
     tracer = _tracer
     if tracer is None:
         return NO_SPAN
-    return tracer.span(operation, attributes, parent, links)
+    try:
+        return tracer.span(operation, attributes, parent, links)
+    except Exception:  # an integration's bug never fails the work it watches
+        _logger.exception("telemetry: the %s span could not be started", operation)
+        return NO_SPAN
 
 
 def carrier() -> dict[str, str] | None:
     """The trace context of the current span, when a trace is active."""
     tracer = _tracer
-    return None if tracer is None else tracer.carrier()
+    if tracer is None:
+        return None
+    try:
+        return tracer.carrier()
+    except Exception:
+        _logger.exception("telemetry: the trace context could not be read")
+        return None
 
 
 def carried(metadata: Mapping[str, Any] | None) -> dict[str, str] | None:
@@ -171,9 +181,8 @@ def carried(metadata: Mapping[str, Any] | None) -> dict[str, str] | None:
 def stamp(metadata: dict[str, Any]) -> dict[str, Any]:
     """Add the current trace context to an event's ``metadata`` (in place), when
     a trace is active and the metadata does not name a context of its own."""
-    tracer = _tracer
-    if tracer is not None and TRACEPARENT not in metadata:
-        current = tracer.carrier()
+    if _tracer is not None and TRACEPARENT not in metadata:
+        current = carrier()
         if current:
             metadata.update(current)
     return metadata
@@ -183,14 +192,20 @@ def count(metric: str, value: float = 1, /, **labels: str) -> None:
     """Add ``value`` to the counter ``metric`` (a key of :data:`METRICS`)."""
     meter = _meter
     if meter is not None:
-        meter.count(metric, value, labels)
+        try:
+            meter.count(metric, value, labels)
+        except Exception:  # an integration's bug never fails the work it counts
+            _logger.exception("telemetry: %s could not be counted", metric)
 
 
 def observe(metric: str, value: float, /, **labels: str) -> None:
     """Record ``value`` in the histogram ``metric`` (a key of :data:`METRICS`)."""
     meter = _meter
     if meter is not None:
-        meter.observe(metric, value, labels)
+        try:
+            meter.observe(metric, value, labels)
+        except Exception:
+            _logger.exception("telemetry: %s could not be recorded", metric)
 
 
 def measuring() -> bool:
@@ -381,6 +396,9 @@ def get_logger(name: str) -> logging.Logger:
     return logger
 
 
+_logger = get_logger("kumiflow_django.telemetry")
+
+
 class RunLike(Protocol):
     """What a step's span says about its run (the steps' ``ctx.run``)."""
 
@@ -429,8 +447,14 @@ class StepScope:
             "step_kind": self._kind,
             "step_name": self._name,
         }
-        self._scope = tracer.span("step", attributes, None, ())
-        return self._scope.__enter__()
+        try:
+            scope = tracer.span("step", attributes, None, ())
+            opened = scope.__enter__()
+        except Exception:  # an integration's bug never fails the step
+            _logger.exception("telemetry: the step span could not be started")
+            return NO_SPAN
+        self._scope = scope
+        return opened
 
     def __exit__(
         self,
