@@ -78,9 +78,10 @@ def extract(carrier: telemetry.Carrier | None) -> trace.SpanContext | None:
 
 
 class OtelSpan:
-    """An open span as the seam's callers see it."""
+    """An open span as the seam's callers see it; current from ``__enter__``
+    to ``__exit__``."""
 
-    __slots__ = ("_span", "failed", "outcome")
+    __slots__ = ("_span", "_token", "failed", "outcome")
 
     def __init__(self, span: trace.Span) -> None:
         self._span = span
@@ -93,10 +94,6 @@ class OtelSpan:
         if self._span.is_recording():
             self._span.set_attributes(attributes(values))
 
-    def _ok(self) -> None:
-        self.outcome = "ok"
-        self._span.set_attribute(PREFIX + "outcome", "ok")
-
     def fail(self, error: BaseException | str) -> None:
         self.failed = True
         self.set(outcome="failed")
@@ -105,19 +102,9 @@ class OtelSpan:
             error = f"{type(error).__name__}: {error}"
         self._span.set_status(trace.Status(trace.StatusCode.ERROR, error[:500]))
 
-
-class _Scope:
-    """A span, current from ``__enter__`` to ``__exit__``."""
-
-    __slots__ = ("_handle", "_span", "_token")
-
-    def __init__(self, span: trace.Span) -> None:
-        self._span = span
-        self._handle = OtelSpan(span)
-
     def __enter__(self) -> OtelSpan:
         self._token = context_api.attach(trace.set_span_in_context(self._span))
-        return self._handle
+        return self
 
     def __exit__(
         self,
@@ -126,13 +113,13 @@ class _Scope:
         traceback: TracebackType | None,
     ) -> None:
         try:
-            handle = self._handle
             # An exception the caller did not account for (no outcome said) is a
             # failure; one it did (a suspension, a return) is how the step ended.
-            if error is not None and handle.outcome is None and not handle.failed:
-                handle.fail(error)
-            elif handle.outcome is None:
-                handle._ok()
+            if error is not None and self.outcome is None and not self.failed:
+                self.fail(error)
+            elif self.outcome is None:
+                self.outcome = "ok"
+                self._span.set_attribute(PREFIX + "outcome", "ok")
             self._span.end()
         finally:
             context_api.detach(self._token)
@@ -152,7 +139,7 @@ class OtelTracer:
         values: dict[str, Any],
         parent: telemetry.Carrier | None,
         links: Sequence[telemetry.Carrier],
-    ) -> _Scope:
+    ) -> OtelSpan:
         context = None
         parent_context = extract(parent) if parent else None
         if parent_context is not None:
@@ -174,7 +161,7 @@ class OtelTracer:
             record_exception=False,
             set_status_on_exception=False,
         )
-        return _Scope(span)
+        return OtelSpan(span)
 
     def carrier(self) -> dict[str, str] | None:
         if not trace.get_current_span().get_span_context().is_valid:
