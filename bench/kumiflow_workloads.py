@@ -63,9 +63,12 @@ def w1(db: str) -> dict[str, Any]:
 
 
 def w1_observed(db: str) -> dict[str, Any]:
-    """W1 with tracing and metrics on: the OpenTelemetry SDK (spans batched
-    into an exporter that drops them) and prometheus-client, each trigger
-    appended inside a span, as in an instrumented request."""
+    """W1 with tracing and metrics on, side by side with W1 without them, in
+    one process: blocks of 25 workflows alternate between the two, so that a
+    busy machine slows both alike. "On" is the OpenTelemetry SDK (spans
+    batched into an exporter that drops them) and prometheus-client, each
+    trigger appended inside a span, as in an instrumented request; "off" has
+    neither integration registered and no request span."""
     os.environ["BENCH_OBSERVED"] = "1"  # bench/settings.py: KUMIFLOW_TRACING/METRICS on
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -82,15 +85,48 @@ def w1_observed(db: str) -> dict[str, Any]:
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
     tracer = provider.get_tracer("bench")
-    result = _w1(db, "kumiflow_bench_w1o", lambda: tracer.start_as_current_span("POST /w1"))
-    provider.force_flush()
+    setup_django(database_url(db, "kumiflow_bench_w1o"))
+    from django.db import transaction
     from prometheus_client import REGISTRY
 
-    result["spans_exported"] = Dropped.exported
-    result["runs_counted"] = REGISTRY.get_sample_value(
-        "kumiflow_runs_completed_total", {"workflow": "bench-w1"}
-    )
-    return result
+    from kumiflow_django import append_event
+    from kumiflow_django.store import telemetry
+
+    modes = {
+        "on": (telemetry.set_tracer(None), telemetry.set_meter(None), True),
+        "off": (None, None, False),
+    }
+    assert modes["on"][0] is not None and modes["on"][1] is not None, "integrations installed"
+    wall: dict[str, list[float]] = {"on": [], "off": []}
+    cpu: dict[str, list[float]] = {"on": [], "off": []}
+    size, count = 25, 0
+    for round_ in range(42):  # two rounds of warm-up, then 1,000 workflows each way
+        for mode, (tracer_, meter, request) in modes.items():
+            telemetry.set_tracer(tracer_)
+            telemetry.set_meter(meter)
+            scope = (lambda: tracer.start_as_current_span("POST /w1")) if request else None
+            began, began_cpu = time.perf_counter(), time.process_time()
+            for _ in range(size):
+                count += 1
+                with scope() if scope else contextlib.nullcontext(), transaction.atomic():
+                    append_event(f"w1-{count}", "bench.w1", {"n": count})
+            if round_ >= 2:
+                wall[mode].append(time.perf_counter() - began)
+                cpu[mode].append(time.process_time() - began_cpu)
+    provider.force_flush()
+    on, off = median(wall["on"]), median(wall["off"])
+    return {
+        "workflows_per_s": round(size / on, 1),
+        "workflows_per_s_without": round(size / off, 1),
+        "cost": round(on / off - 1, 3),
+        "cpu_ms_per_workflow": round(median(cpu["on"]) / size * 1000, 3),
+        "cpu_ms_per_workflow_without": round(median(cpu["off"]) / size * 1000, 3),
+        "cpu_cost": round(median(cpu["on"]) / median(cpu["off"]) - 1, 3),
+        "spans_exported": Dropped.exported,
+        "runs_counted": REGISTRY.get_sample_value(
+            "kumiflow_runs_completed_total", {"workflow": "bench-w1"}
+        ),
+    }
 
 
 def _w1(db: str, name: str, request: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ cron start) the current span's. It is stored in the metadata of the run's
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -78,7 +78,8 @@ class Watch:
     def __init__(self) -> None:
         self._began = time.perf_counter()
         self._opening: Opening | None = None
-        self._stack = ExitStack()
+        self._fields: telemetry.run_fields | None = None
+        self._scope: AbstractContextManager[telemetry.Span] | None = None
         self._span: telemetry.Span = telemetry.NO_SPAN
         self._workflow = ""
         #: Set by the runner when the database refused the segment.
@@ -92,7 +93,10 @@ class Watch:
         row = opening.row
         steps = opening.steps
         workflow = self._workflow = opening.workflow_name or (row.workflow if row else "")
-        self._stack.enter_context(telemetry.run_fields(opening.run_id, workflow, opening.tenant))
+        self._fields = telemetry.run_fields(opening.run_id, workflow, opening.tenant)
+        self._fields.__enter__()
+        if not (telemetry.tracing() or telemetry.measuring()):
+            return
         wake = None if steps is None or opening.new else steps.wake.reason
         if telemetry.measuring() and row is not None and row.wake_at is not None:
             late = (clock.now() - row.wake_at).total_seconds()
@@ -105,23 +109,22 @@ class Watch:
                 version = steps.workflow.version
             else:
                 version = row.workflow_version if row is not None else None
-            self._span = self._stack.enter_context(
-                telemetry.span(
-                    "segment",
-                    parent=parent,
-                    links=links,
-                    run_id=opening.run_id,
-                    workflow=workflow,
-                    version=version or None,
-                    tenant=opening.tenant,
-                    wake=wake,
-                )
+            self._scope = telemetry.span(
+                "segment",
+                parent=parent,
+                links=links,
+                run_id=opening.run_id,
+                workflow=workflow,
+                version=version or None,
+                tenant=opening.tenant,
+                wake=wake,
             )
+            self._span = self._scope.__enter__()
 
     def done(self, run: WorkflowRun | None) -> WorkflowRun | None:
         """Report how the segment left the run; returns ``run``."""
         opening = self._opening
-        if opening is None:
+        if opening is None or not (telemetry.tracing() or telemetry.measuring()):
             return run
         outcome = self._outcome(opening, run)
         if outcome == "failed" and run is not None:
@@ -161,7 +164,12 @@ class Watch:
             self._span.fail(error)
             self._span.set(outcome="error")
             telemetry.count(telemetry.SEGMENTS, workflow=self._workflow, outcome="error")
-        self._stack.__exit__(kind, error, traceback)
+        try:
+            if self._scope is not None:
+                self._scope.__exit__(kind, error, traceback)
+        finally:
+            if self._fields is not None:
+                self._fields.__exit__(kind, error, traceback)
 
 
 class _RunCounts:

@@ -294,9 +294,10 @@ METRICS: dict[str, Metric] = {
 
 @dataclass(frozen=True, slots=True)
 class LogFields:
-    """What every log line of the package says about the work at hand."""
+    """What every log line of the package says about the work at hand (the run
+    id as given: made text only when a line is logged)."""
 
-    run_id: str | None = None
+    run_id: object = None
     workflow: str | None = None
     tenant: str | None = None
 
@@ -312,7 +313,7 @@ class run_fields:  # noqa: N801 - used like a function: ``with run_fields(...):`
     __slots__ = ("_fields", "_token")
 
     def __init__(self, run_id: object, workflow: str | None, tenant: str | None) -> None:
-        self._fields = LogFields(None if run_id is None else str(run_id), workflow, tenant)
+        self._fields = LogFields(run_id, workflow, tenant)
 
     def __enter__(self) -> None:
         self._token = _fields.set(self._fields)
@@ -326,7 +327,7 @@ def current_fields() -> dict[str, Any]:
     fields = _fields.get()
     path = _step_path.get()
     return {
-        "run_id": fields.run_id,
+        "run_id": None if fields.run_id is None else str(fields.run_id),
         "workflow": fields.workflow,
         "tenant": fields.tenant,
         "step_path": path if path is None or isinstance(path, str) else _path_text(path),
