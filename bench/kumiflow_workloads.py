@@ -73,6 +73,7 @@ def w1_observed(db: str) -> dict[str, Any]:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     class Dropped(SpanExporter):
         exported = 0
@@ -81,7 +82,9 @@ def w1_observed(db: str) -> dict[str, Any]:
             Dropped.exported += len(spans)
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    # BENCH_SAMPLE_RATIO=0.1: the cost with a sampler that records one trace in ten.
+    ratio = float(os.environ.get("BENCH_SAMPLE_RATIO", "1"))
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
     tracer = provider.get_tracer("bench")
@@ -122,6 +125,7 @@ def w1_observed(db: str) -> dict[str, Any]:
         "cpu_ms_per_workflow": round(median(cpu["on"]) / size * 1000, 3),
         "cpu_ms_per_workflow_without": round(median(cpu["off"]) / size * 1000, 3),
         "cpu_cost": round(median(cpu["on"]) / median(cpu["off"]) - 1, 3),
+        "sample_ratio": ratio,
         "spans_exported": Dropped.exported,
         "runs_counted": REGISTRY.get_sample_value(
             "kumiflow_runs_completed_total", {"workflow": "bench-w1"}

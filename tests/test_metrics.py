@@ -247,6 +247,23 @@ def test_a_database_that_cannot_be_read_is_reported_not_guessed(registry_, monke
     assert "metrics: reading the database failed" in caplog.text
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_scrape_in_a_thread_of_its_own_leaves_no_connection_open(registry_):
+    """prometheus_client's own server answers each scrape in a new thread."""
+    from django.db import connections
+
+    left_open = []
+
+    def scrape():
+        assert registry_.get_sample_value("kumiflow_database_up") == 1
+        left_open.append(connections["default"].connection is not None)
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    thread.join(30)
+    assert left_open == [False]
+
+
 def explain(sql: str) -> str:
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":

@@ -290,6 +290,7 @@ def test_a_webhook_carries_the_traceparent_of_its_delivery(registry, traces, web
         assert run_until_idle().dispatched == 1
 
     segment, delivery = traces.one("kumiflow.segment"), traces.one("kumiflow.delivery")
+    assert parent_ids(segment) == ids(traces.one("POST /hook"))  # start_workflow's caller
     dispatch = Dispatch.objects.get()
     assert delivery.name == "kumiflow.delivery webhook"
     assert parent_ids(delivery) == ids(segment)  # the segment that asked for it

@@ -48,7 +48,6 @@ from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, Dispat
 from kumiflow_django.projections.runs import SUSPENDED, WorkflowRun
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store.telemetry import get_logger
-from kumiflow_django.workers.loop import refresh_connection
 
 logger = get_logger("kumiflow_django.metrics")
 
@@ -123,10 +122,19 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         now = clock.now()
+        connection = db.connection()
+        # A connection this scrape opened is closed again: a server that answers
+        # each scrape in a new thread (prometheus_client's own) would leak one.
+        opened_here = connection.connection is None
         try:
             figures = self.read(now)
         except DatabaseError:
             logger.warning("metrics: reading the database failed", exc_info=True)
+            figures = None
+        finally:
+            if opened_here and not connection.in_atomic_block:
+                connection.close()
+        if figures is None:
             yield _gauge("database_up", _UP, 0)
             return
         yield from self._families(figures)
@@ -330,8 +338,6 @@ class _Handler(BaseHTTPRequestHandler):
             logger.exception("metrics: the scrape failed")
             self._send(500, b"the scrape failed\n", "text/plain")
             return
-        finally:
-            refresh_connection()  # drop this thread's connection if it broke
         self._send(200, body, content_type)
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
@@ -350,9 +356,10 @@ class _Handler(BaseHTTPRequestHandler):
 class MetricsServer:
     """``/metrics`` over HTTP beside the worker's loops (``--metrics-port``).
 
-    One thread answers one request at a time, with one database connection,
-    closed when the server stops; the worker stops it with its loops. The
-    port is bound when the server is made, so a port in use fails at once.
+    One thread answers one request at a time (the database gauges open and
+    close their connection in each scrape); the worker stops it with its
+    loops. The port is bound when the server is made, so a port in use fails
+    at once.
     """
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry | None = None) -> None:
