@@ -90,6 +90,28 @@ def test_a_resumed_run_and_its_deliveries_log_their_fields(registry, caplog, clo
     assert (attempt.run_id, attempt.tenant, attempt.step_path) == (str(run.id), "acme", "1")  # type: ignore[attr-defined]
 
 
+@pytest.mark.django_db
+def test_a_run_started_by_a_step_of_another_logs_its_own_fields(registry, caplog):
+    define_workflow(
+        "child",
+        trigger=on_event("child.requested"),
+        steps=[s.compute("boom", lambda ctx: 1 / 0)],
+    )
+    define_workflow(
+        "parent",
+        steps=[s.compute("a", lambda ctx: 1), s.append_event("child.requested", stream_id="c1")],
+    )
+    caplog.set_level(logging.INFO, logger="kumiflow_django")
+    start_workflow("parent")
+    child = WorkflowRun.objects.get(workflow="child")
+    [failed] = [r for r in package_records(caplog) if "failed:" in r.getMessage()]
+    assert fields(failed) == (str(child.id), "child", "default", "0")
+    with telemetry.run_fields("r1", "parent", "default"), telemetry.StepScope([1]):
+        with telemetry.run_fields("r2", "child", "default"):
+            assert telemetry.current_fields()["step_path"] is None
+        assert telemetry.current_fields()["step_path"] == "1"
+
+
 def test_outside_a_run_the_fields_are_none_and_extra_wins():
     logger = telemetry.get_logger("kumiflow_django.tests")
     stream = io.StringIO()

@@ -308,17 +308,20 @@ _step_path: ContextVar[Sequence[Any] | None] = ContextVar("kumiflow_step_path", 
 
 
 class run_fields:  # noqa: N801 - used like a function: ``with run_fields(...):``
-    """The run a block works for, in the log fields of every line it logs."""
+    """The run a block works for, in the log fields of every line it logs (no
+    step yet: a run started by a step of another is not at that step)."""
 
-    __slots__ = ("_fields", "_token")
+    __slots__ = ("_fields", "_path_token", "_token")
 
     def __init__(self, run_id: object, workflow: str | None, tenant: str | None) -> None:
         self._fields = LogFields(run_id, workflow, tenant)
 
     def __enter__(self) -> None:
         self._token = _fields.set(self._fields)
+        self._path_token = _step_path.set(None)
 
     def __exit__(self, *exc: object) -> None:
+        _step_path.reset(self._path_token)
         _fields.reset(self._token)
 
 
