@@ -40,7 +40,9 @@ def fresh_sqlite(filename: str) -> Path:
 
 
 def database_url(db: str, name: str) -> str:
-    """A fresh database for one workload."""
+    """A fresh database for one workload (``BENCH_DB_PREFIX`` keeps benchmarks
+    that share a PostgreSQL server apart)."""
+    name = os.environ.get("BENCH_DB_PREFIX", "") + name
     if db == "sqlite":
         return f"sqlite:///{fresh_sqlite(name + '.sqlite3')}"
     recreate_pg_database(name)

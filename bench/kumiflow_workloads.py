@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -61,7 +62,82 @@ def _wait(condition: Any, timeout: float) -> bool:
 def w1(db: str) -> dict[str, Any]:
     """1,000 workflows of 5 steps, one trigger event per transaction; and the
     machine's raw single-row insert-and-commit rate, measured alike."""
-    setup_django(database_url(db, "kumiflow_bench_w1"))
+    return _w1(db, "kumiflow_bench_w1", contextlib.nullcontext)
+
+
+def w1_observed(db: str) -> dict[str, Any]:
+    """W1 with tracing and metrics on, side by side with W1 without them, in
+    one process: blocks of 25 workflows alternate between the two, so that a
+    busy machine slows both alike. "On" is the OpenTelemetry SDK (spans
+    batched into an exporter that drops them) and prometheus-client, each
+    trigger appended inside a span, as in an instrumented request; "off" has
+    neither integration registered and no request span."""
+    os.environ["BENCH_OBSERVED"] = "1"  # bench/settings.py: KUMIFLOW_TRACING/METRICS on
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    class Dropped(SpanExporter):
+        exported = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            Dropped.exported += len(spans)
+            return SpanExportResult.SUCCESS
+
+    # BENCH_SAMPLE_RATIO=0.1: the cost with a sampler that records one trace in ten.
+    ratio = float(os.environ.get("BENCH_SAMPLE_RATIO", "1"))
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+    tracer = provider.get_tracer("bench")
+    setup_django(database_url(db, "kumiflow_bench_w1o"))
+    from django.db import transaction
+    from prometheus_client import REGISTRY
+
+    from kumiflow_django import append_event
+    from kumiflow_django.store import telemetry
+
+    modes = {
+        "on": (telemetry.set_tracer(None), telemetry.set_meter(None), True),
+        "off": (None, None, False),
+    }
+    assert modes["on"][0] is not None and modes["on"][1] is not None, "integrations installed"
+    wall: dict[str, list[float]] = {"on": [], "off": []}
+    cpu: dict[str, list[float]] = {"on": [], "off": []}
+    size, count = 25, 0
+    for round_ in range(42):  # two rounds of warm-up, then 1,000 workflows each way
+        for mode, (tracer_, meter, request) in modes.items():
+            telemetry.set_tracer(tracer_)
+            telemetry.set_meter(meter)
+            scope = (lambda: tracer.start_as_current_span("POST /w1")) if request else None
+            began, began_cpu = time.perf_counter(), time.process_time()
+            for _ in range(size):
+                count += 1
+                with scope() if scope else contextlib.nullcontext(), transaction.atomic():
+                    append_event(f"w1-{count}", "bench.w1", {"n": count})
+            if round_ >= 2:
+                wall[mode].append(time.perf_counter() - began)
+                cpu[mode].append(time.process_time() - began_cpu)
+    provider.force_flush()
+    on, off = median(wall["on"]), median(wall["off"])
+    return {
+        "workflows_per_s": round(size / on, 1),
+        "workflows_per_s_without": round(size / off, 1),
+        "cost": round(on / off - 1, 3),
+        "cpu_ms_per_workflow": round(median(cpu["on"]) / size * 1000, 3),
+        "cpu_ms_per_workflow_without": round(median(cpu["off"]) / size * 1000, 3),
+        "cpu_cost": round(median(cpu["on"]) / median(cpu["off"]) - 1, 3),
+        "sample_ratio": ratio,
+        "spans_exported": Dropped.exported,
+        "runs_counted": REGISTRY.get_sample_value(
+            "kumiflow_runs_completed_total", {"workflow": "bench-w1"}
+        ),
+    }
+
+
+def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
+    setup_django(database_url(db, name))
     from django.db import transaction
 
     from kumiflow_django import append_event
@@ -69,14 +145,15 @@ def w1(db: str) -> dict[str, Any]:
     from testproject.shop.models import Tally
 
     for i in range(50):  # warm-up
-        with transaction.atomic():
+        with request(), transaction.atomic():
             append_event(f"warm-{i}", "bench.w1", {"n": i})
     n = 1000
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(n):
-        with transaction.atomic():
+        with request(), transaction.atomic():
             append_event(f"w1-{i}", "bench.w1", {"n": i})
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu  # this process's threads: steadier on a busy machine
     assert WorkflowRun.objects.filter(status="completed").count() == n + 50
 
     start = time.perf_counter()
@@ -87,6 +164,7 @@ def w1(db: str) -> dict[str, Any]:
     rate = n / elapsed
     return {
         "workflows_per_s": round(rate, 1),
+        "cpu_ms_per_workflow": round(cpu / n * 1000, 3),
         "raw_inserts_per_s": round(raw, 1),
         "ratio_to_raw_inserts": round(rate / raw, 3),
     }
@@ -593,6 +671,7 @@ def w12(db: str) -> dict[str, Any]:
 
 WORKLOADS = {
     "W1": w1,
+    "W1-observed": w1_observed,
     "W2": w2,
     "W3": w3,
     "W4": w4,

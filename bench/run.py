@@ -1,6 +1,6 @@
 """The benchmark: W1-W8 on SQLite and PostgreSQL, optionally side by side with DBOS.
 
-    python bench/run.py [--db sqlite,postgres] [--peer dbos] [--only W1,W3]
+    python bench/run.py [--db sqlite,postgres] [--peer dbos] [--only W1,W1-observed,W3]
 
 W12 (the console's overview and run list with a million runs) runs only when
 asked for: ``--only W12`` (``BENCH_W12_RUNS`` sets its size).
@@ -77,6 +77,15 @@ def targets(results: list[dict[str, Any]], peer: bool) -> list[dict[str, Any]]:
 
     k = lambda w, db="postgresql": _get(results, w, "kumiflow", db)  # noqa: E731
     d = lambda w, db="postgresql": _get(results, w, "dbos", db)  # noqa: E731
+    for db in ("postgresql", "sqlite"):
+        observed = k("W1-observed", db)
+        if observed:
+            target(
+                f"W1 with tracing and metrics within 15 % of W1 without them ({db})",
+                observed["cost"] <= 0.15,
+                f"{observed['workflows_per_s']} vs {observed['workflows_per_s_without']}/s side "
+                f"by side ({observed['cost']:+.1%} time per workflow; CPU {observed['cpu_cost']:+.1%})",
+            )
     w1 = k("W1")
     if w1:
         target(
@@ -183,6 +192,7 @@ def targets(results: list[dict[str, Any]], peer: bool) -> list[dict[str, Any]]:
 def summary(results: list[dict[str, Any]], judged: list[dict[str, Any]]) -> str:
     keys = {
         "W1": "workflows_per_s",
+        "W1-observed": "workflows_per_s",
         "W2": "wall_minus_sleep_s",
         "W3": "all_complete_s",
         "W4": "finished_100k_0_due_ms",
@@ -219,7 +229,7 @@ def main() -> int:
     )
     parser.add_argument("--db", default="sqlite,postgres")
     parser.add_argument("--peer", choices=["dbos"], default=None)
-    parser.add_argument("--only", default="W1,W2,W3,W4,W5,W6,W7,W8")
+    parser.add_argument("--only", default="W1,W1-observed,W2,W3,W4,W5,W6,W7,W8")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "WORKLOAD", "DB"))
     args = parser.parse_args()
@@ -229,7 +239,8 @@ def main() -> int:
     results = []
     for db in [DBS[x] for x in args.db.split(",")]:
         for workload in args.only.split(","):
-            engines = ["kumiflow", "dbos"] if args.peer and workload != "W12" else ["kumiflow"]
+            peer = args.peer and workload != "W12" and not workload.endswith("-observed")
+            engines = ["kumiflow", "dbos"] if peer else ["kumiflow"]
             for engine in engines:
                 result = run_child(engine, workload, db, args.timeout)
                 print(json.dumps(result), flush=True)

@@ -31,3 +31,19 @@ class KumiflowConfig(AppConfig):
         event_appended.connect(on_event_appended, dispatch_uid="kumiflow-engine")
         connection_created.connect(register_sqlite_function, dispatch_uid="kumiflow-sqlite-permit")
         autodiscover_modules("workflows")
+        self.install_integrations()
+
+    def install_integrations(self) -> None:
+        """OpenTelemetry and Prometheus, each when its library is installed and
+        its setting (KUMIFLOW_TRACING, KUMIFLOW_METRICS) does not switch it off.
+        Imported only then: the core never imports either library."""
+        from kumiflow_django.observability import enabled
+
+        if enabled("TRACING"):
+            from kumiflow_django.observability import otel
+
+            otel.install()
+        if enabled("METRICS"):
+            from kumiflow_django.observability import metrics
+
+            metrics.install()

@@ -18,6 +18,7 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import path_text, walk
 from kumiflow_django.definition.workflow import child_cycle
+from kumiflow_django.observability import LIBRARIES, available
 
 
 def _positive_int(v: Any) -> bool:
@@ -83,6 +84,25 @@ def _optional_callable_path(v: Any) -> bool:
         return False
 
 
+def _optional_bool(v: Any) -> bool:
+    return v is None or isinstance(v, bool)
+
+
+#: Shortest metrics token: guessing one must be out of reach.
+MIN_TOKEN_LENGTH = 24
+
+
+def _tokens(v: Any) -> bool:
+    values = [v] if isinstance(v, str) else v
+    return v is None or (
+        isinstance(values, Sequence)
+        and bool(values)
+        and all(
+            isinstance(t, str) and len(t) >= MIN_TOKEN_LENGTH and t.strip() == t for t in values
+        )
+    )
+
+
 # setting name -> (id, validator, what it must be)
 _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "DEFAULT_TENANT": ("kumiflow.E001", _tenant, "a non-empty string of at most 64 characters"),
@@ -105,6 +125,14 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "RESUME_THREADS": ("kumiflow.E017", _positive_int, "a positive integer"),
     "MAX_VALUE_BYTES": ("kumiflow.E018", _positive_int, "a positive integer (bytes)"),
     "MAX_STATE_BYTES": ("kumiflow.E019", _positive_int, "a positive integer (bytes)"),
+    "TRACING": ("kumiflow.E030", _optional_bool, "None, True or False"),
+    "METRICS": ("kumiflow.E031", _optional_bool, "None, True or False"),
+    "METRICS_TOKEN": (
+        "kumiflow.E032",
+        _tokens,
+        f"None, or a token (or a list of tokens) of at least {MIN_TOKEN_LENGTH} characters "
+        "without surrounding spaces",
+    ),
     "DATABASE": (
         "kumiflow.E020",
         lambda v: isinstance(v, str) and v in django_settings.DATABASES,
@@ -165,6 +193,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     alias = settings.TASKS_BACKEND
     if isinstance(alias, str) and alias:
         errors.extend(_check_tasks_backend(alias))
+    errors.extend(_check_integrations())
     known = set(KumiflowSettings.names())
     for attr in dir(django_settings):
         if attr.startswith(PREFIX) and attr[len(PREFIX) :] not in known:
@@ -174,6 +203,28 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                     hint="The settings are listed in docs/settings.md.",
                     id="kumiflow.W001",
                     obj=attr,
+                )
+            )
+    return errors
+
+
+#: The extra that installs each integration's library.
+_EXTRAS = {"TRACING": ("kumiflow.E033", "otel"), "METRICS": ("kumiflow.E034", "metrics")}
+
+
+def _check_integrations() -> list[checks.CheckMessage]:
+    """An integration switched on (True) whose library is missing."""
+    errors: list[checks.CheckMessage] = []
+    for name, (check_id, extra) in _EXTRAS.items():
+        if getattr(settings, name) is True and not available(LIBRARIES[name]):
+            errors.append(
+                checks.Error(
+                    f"{PREFIX}{name} is True, but {LIBRARIES[name].split('.')[0]} "
+                    "cannot be imported.",
+                    hint=f"pip install 'kumiflow-django[{extra}]', or set {PREFIX}{name} = None "
+                    "(on when installed).",
+                    id=check_id,
+                    obj=f"{PREFIX}{name}",
                 )
             )
     return errors

@@ -92,6 +92,17 @@ class KumiflowSettings:
     #: where the API's live streams are mounted (its URLs are in ROOT_URLCONF).
     #: False behind a transaction-pooling PgBouncer, which cannot LISTEN.
     SSE_LISTEN: bool | None = None
+    #: OpenTelemetry spans (``kumiflow-django[otel]``): None, on when
+    #: ``opentelemetry-api`` is installed; True, on (an error if it is not);
+    #: False, off. Read once, at start-up.
+    TRACING: bool | None = None
+    #: Prometheus metrics (``kumiflow-django[metrics]``), like TRACING for
+    #: ``prometheus-client``.
+    METRICS: bool | None = None
+    #: Bearer token(s) that may read the metrics endpoints; None: the web view
+    #: lets in only users with ``kumiflow.view_workflowrun``, and the worker's
+    #: endpoint anyone who can reach it.
+    METRICS_TOKEN: str | Sequence[str] | None = None
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():

@@ -4,12 +4,14 @@ Python blocks of a page run in order in one namespace, against the test
 database, with an isolated workflow registry. Shell blocks run their
 ``python manage.py …`` lines through ``call_command``; a block that cannot
 run here (a long-running process, an install) is preceded by
-``<!-- not run: <reason> -->``. ``text`` blocks are signatures and output.
+``<!-- not run: <reason> -->``. ``yaml`` and ``json`` blocks (configuration)
+must parse. ``text`` blocks are signatures and output.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shlex
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import django
 import pytest
+import yaml
 from django.core.management import call_command
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -38,12 +41,14 @@ def clean_extensions():
     from kumiflow_django.outbox.kinds import dispatch_kinds
     from kumiflow_django.projections.user import projections
     from kumiflow_django.steps.call import handlers
+    from kumiflow_django.store import telemetry
 
     with (
         step_kinds.isolated(),
         dispatch_kinds.isolated(),
         handlers.isolated(),
         projections.isolated(),
+        telemetry.isolated(),  # the tracing and metrics pages install integrations
     ):
         yield
 
@@ -76,6 +81,10 @@ def test_the_code_blocks_of_a_page_run(
                 words = shlex.split(line)
                 assert words[:2] == ["python", "manage.py"], f"{where}: cannot run {line!r}"
                 call_command(*words[2:])
+        elif lang == "yaml":  # configuration (Prometheus): it must parse
+            yaml.safe_load(code)
+        elif lang == "json":
+            json.loads(code)
         else:
             assert lang == "text", f"{where}: a {lang or 'plain'} block is neither run nor text"
 

@@ -15,7 +15,6 @@ its expression or zone enables it again; an operator's reason is kept.
 from __future__ import annotations
 
 import itertools
-import logging
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -33,14 +32,15 @@ from kumiflow_django.projections.runs import FINISHED, WorkflowRun
 from kumiflow_django.projections.schedules import BROKEN, NOT_REGISTERED, CronSchedule, fit
 from kumiflow_django.projections.schedules import append as _record
 from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import UnknownWorkflow, WorkflowDefinitionError
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.cron.schedules")
+logger = get_logger("kumiflow_django.cron.schedules")
 
 #: Counting missed occurrences stops here (a per-second schedule after a long outage).
 _COUNT_CAP = 10_000
@@ -89,13 +89,18 @@ def sync_schedules() -> None:
             _disable_broken(workflow.name, version, exc, definition=_definition(trigger))
     for row in rows.values():
         if row.registered:
+            fields = telemetry.log_fields(workflow=row.workflow, tenant=row.tenant_id)
             logger.warning(
-                "cron schedule %s disabled: its workflow is not registered", row.workflow
+                "cron schedule %s disabled: its workflow is not registered",
+                row.workflow,
+                extra=fields,
             )
             try:
                 _safely(_remove, row)
             except Exception:
-                logger.exception("cron schedule %s: disabling it failed", row.workflow)
+                logger.exception(
+                    "cron schedule %s: disabling it failed", row.workflow, extra=fields
+                )
 
 
 def _sync_one(name: str, trigger: CronTrigger, row: CronSchedule | None, now: datetime) -> None:
@@ -156,9 +161,20 @@ def _disable_broken(
     except (IntegrityError, StaleRow):
         return  # another scheduler changed the schedule first
     except Exception:
-        logger.exception("cron schedule %s failed (%s); disabling it failed too", workflow, reason)
+        logger.exception(
+            "cron schedule %s failed (%s); disabling it failed too",
+            workflow,
+            reason,
+            extra=telemetry.log_fields(workflow=workflow),
+        )
         return
-    logger.error("cron schedule %s disabled: %s", workflow, reason, exc_info=cause)
+    logger.error(
+        "cron schedule %s disabled: %s",
+        workflow,
+        reason,
+        exc_info=cause,
+        extra=telemetry.log_fields(workflow=workflow),
+    )
 
 
 def _lock(workflow: str, version: int | None, *, skip_locked: bool) -> CronSchedule | None:
@@ -190,7 +206,13 @@ def _start(schedule: CronSchedule, occurrence: datetime, manual: bool = False) -
         since=since,
         input_=data,
     )
-    logger.info("cron %s: occurrence %s started run %s", schedule.workflow, when, run.id)
+    logger.info(
+        "cron %s: occurrence %s started run %s",
+        schedule.workflow,
+        when,
+        run.id,
+        extra=telemetry.run_log_fields(run),
+    )
     return str(run.id)
 
 
@@ -234,14 +256,23 @@ def fire_schedule(workflow: str, version: int | None = None) -> int:
     now = clock.now()
     seen = version
     try:
-        with db.atomic():
+        with db.atomic(), telemetry.run_fields(None, workflow, None):
             schedule = _lock(workflow, version, skip_locked=True)
             if schedule is None or not schedule.enabled or schedule.next_fire_at is None:
                 return 0
             if schedule.next_fire_at > now:
                 return 0
             seen = schedule.version
-            return _fire(schedule, now)
+            # telemetry: the fire's span; the runs it starts are its children
+            with telemetry.span(
+                "cron",
+                workflow=workflow,
+                tenant=schedule.tenant_id,
+                scheduled_for=schedule.next_fire_at.isoformat(),
+            ) as span:
+                fired = _fire(schedule, now)
+                span.set(outcome="fired" if fired else "skipped", runs=fired)
+            return fired
     except Exception as exc:
         _disable_broken(workflow, seen, exc)
         return 0
@@ -253,7 +284,11 @@ def _fire(schedule: CronSchedule, now: datetime) -> int:
     workflow = schedule.workflow
     current = registry.get(workflow) if registry.is_registered(workflow) else None
     if current is None or not isinstance(current.trigger, CronTrigger):
-        logger.warning("cron schedule %s disabled: its workflow is not registered", workflow)
+        logger.warning(
+            "cron schedule %s disabled: its workflow is not registered",
+            workflow,
+            extra=telemetry.log_fields(workflow=workflow, tenant=schedule.tenant_id),
+        )
         _safely(_remove, schedule)
         return 0
     chosen, skipped = _choose(schedule, now)
@@ -288,6 +323,8 @@ def _fire(schedule: CronSchedule, now: datetime) -> int:
             True, using=db.alias()
         )  # another scheduler fired it: undo our starts
         return 0
+    telemetry.count(telemetry.CRON_OCCURRENCES, len(run_ids), workflow=workflow, outcome="fired")
+    telemetry.count(telemetry.CRON_OCCURRENCES, skipped, workflow=workflow, outcome="skipped")
     if nxt is None:  # a year field that has run out: this was the last occurrence
         reason = _broken(f"no occurrence after {isoformat(last)}")
         payload = {"reason": reason, "next_fire_at": None}
@@ -303,7 +340,10 @@ def fire_now(workflow: str, *, by: str = "", reason: str = "") -> str:
     if not registry.is_registered(workflow):
         raise UnknownWorkflow(f"no workflow named {workflow!r} is registered")
     now = clock.now().replace(microsecond=0)
-    with db.atomic():
+    with (
+        db.atomic(),
+        telemetry.span("cron", workflow=workflow, manual=True, scheduled_for=now.isoformat()),
+    ):
         schedule = _lock(workflow, None, skip_locked=False)
         if schedule is None:
             raise UnknownWorkflow(f"{workflow!r} has no cron schedule (run kumiflow_cron once)")

@@ -23,7 +23,6 @@ remembers, after commit, the fingerprints it has stored.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, ClassVar
 
 from django.db import models
@@ -34,9 +33,10 @@ from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.store import clock, db, limits
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.models import EngineManager
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import to_json
 
-logger = logging.getLogger("kumiflow_django.definition.snapshots")
+logger = get_logger("kumiflow_django.definition.snapshots")
 
 #: A snapshot larger than this (bytes of JSON) keeps its outline only.
 MAX_CANONICAL_BYTES = 4 * 1024 * 1024

@@ -20,7 +20,6 @@ cancels the children it was waiting for.
 from __future__ import annotations
 
 import contextvars
-import logging
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -44,9 +43,10 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.log import insert, notify
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
-logger = logging.getLogger("kumiflow_django.engine.children")
+logger = get_logger("kumiflow_django.engine.children")
 
 #: How deep a tree of runs may grow (a child of a child of …): a workflow that
 #: starts itself under a condition that always holds stops here, failed.

@@ -9,8 +9,8 @@ operator (``by``) and the ``reason`` are stored in that event's payload, and
 
 from __future__ import annotations
 
-import logging
 import uuid
+from functools import partial
 from typing import Any
 
 from kumiflow_django.definition.context import new_state
@@ -27,15 +27,16 @@ from kumiflow_django.projections.runs import (
 )
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.projections.tasks import append as append_task
-from kumiflow_django.store import db
+from kumiflow_django.store import db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import InvalidRunState, RunNotFound
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
-logger = logging.getLogger("kumiflow_django.engine.operations")
+logger = get_logger("kumiflow_django.engine.operations")
 
 _SUSPENSIONS = {
     ev.STEP_WAITING: RunStatus.WAITING,
@@ -103,13 +104,26 @@ def cancel_run(
             segment.add(type_, started, created_by=by)
             updated = segment.write()
             work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-            logger.info("run %s: compensating before it is cancelled (%s)", run.id, text)
+            logger.info(
+                "run %s: compensating before it is cancelled (%s)",
+                run.id,
+                text,
+                extra=telemetry.run_log_fields(run),
+            )
             return updated
         payload = audited({}, by, text)
         if compensation.active(run.cursor):  # cancelled while compensating
             payload["compensation"] = Compensation.FAILED
         updated = _append(run, ev.RUN_CANCELLED, payload, by)
-    logger.info("run %s cancelled by %s (%s)", run.id, by or "code", reason or "no reason given")
+        if telemetry.measuring():
+            db.on_commit(partial(telemetry.count, telemetry.RUNS_CANCELLED, workflow=run.workflow))
+    logger.info(
+        "run %s cancelled by %s (%s)",
+        run.id,
+        by or "code",
+        reason or "no reason given",
+        extra=telemetry.run_log_fields(run),
+    )
     return updated
 
 
@@ -237,5 +251,11 @@ def retry_run(
             work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)
         else:
             work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-    logger.info("run %s retried from %s by %s", run.id, payload["restore"]["cursor"], by or "code")
+    logger.info(
+        "run %s retried from %s by %s",
+        run.id,
+        payload["restore"]["cursor"],
+        by or "code",
+        extra=telemetry.run_log_fields(run),
+    )
     return updated

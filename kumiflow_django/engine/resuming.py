@@ -17,7 +17,6 @@ commit.
 from __future__ import annotations
 
 import copy
-import logging
 import uuid
 from functools import partial
 from typing import Any
@@ -49,9 +48,10 @@ from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger, run_log_fields
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
-logger = logging.getLogger("kumiflow_django.engine.resuming")
+logger = get_logger("kumiflow_django.engine.resuming")
 
 
 #: Streams whose outcomes a run awaits from the very transaction that opened
@@ -106,7 +106,13 @@ def resume_run(
     updated = execute(prepare)
     if updated is not None:
         after_segment(updated)
-        logger.info("run %s of %s resumed -> %s", updated.id, updated.workflow, updated.status)
+        logger.info(
+            "run %s of %s resumed -> %s",
+            updated.id,
+            updated.workflow,
+            updated.status,
+            extra=run_log_fields(updated),
+        )
     return updated
 
 
@@ -348,7 +354,12 @@ def _wake_inline(run: WorkflowRun, event: Event) -> None:
     except Exception as exc:
         if is_transient(exc):
             raise
-        logger.exception("run %s: could not be woken by event %s", run.id, event.position)
+        logger.exception(
+            "run %s: could not be woken by event %s",
+            run.id,
+            event.position,
+            extra=run_log_fields(run),
+        )
 
 
 def _deliver(run_id: uuid.UUID, event: Event) -> None:

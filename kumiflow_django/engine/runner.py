@@ -21,7 +21,6 @@ folds the events into the row and writes everything in one transaction
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,18 +31,19 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import compensation
+from kumiflow_django.engine import compensation, observed
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.segment import Segment, advance
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text
 
-logger = logging.getLogger("kumiflow_django.engine.runner")
+logger = get_logger("kumiflow_django.engine.runner")
 
 #: Refusals of one run's segment before the run fails with ``unstorable_state``.
 MAX_REFUSALS = 5
@@ -82,6 +82,8 @@ class Opening:
     failure: Failure | None = None
     key: str | None = None
     workflow_name: str = ""
+    #: The trace context the run continues (a new run's origin; telemetry).
+    trace: dict[str, str] | None = None
     version: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +107,11 @@ def execute(prepare: Callable[[], Prepared]) -> WorkflowRun | None:
     it, or None when there was nothing to do. The caller announces the work
     the run left behind (``resuming.after_segment``) after this returns.
     """
+    with observed.Watch() as watch:  # telemetry: the segment's span, log fields, metrics
+        return watch.done(_execute(prepare, watch))
+
+
+def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> WorkflowRun | None:
     opening: Opening | None = None
     try:
         with db.atomic():
@@ -112,10 +119,12 @@ def execute(prepare: Callable[[], Prepared]) -> WorkflowRun | None:
             if not isinstance(prepared, Opening):
                 return prepared
             opening = prepared
+            watch.open(opening)
             return _run(opening)
     except Failure as failure:  # a step failed: its segment was rolled back as a whole
         assert opening is not None
-        logger.warning("run %s failed: %s", opening.run_id, failure)
+        fields = telemetry.log_fields(step_path=failure.cursor)
+        logger.warning("run %s failed: %s", opening.run_id, failure, extra=fields)
         return _record(opening, opening.first, (ev.RUN_FAILED, failure.payload()), failure)
     except StaleRow:
         return None
@@ -127,15 +136,17 @@ def execute(prepare: Callable[[], Prepared]) -> WorkflowRun | None:
             return None
         if opening.key is not None and db.is_unique_violation(exc, IDEMPOTENCY_CONSTRAINT):
             return keyed_run(opening.tenant, opening.workflow_name, opening.key)
+        watch.refused = True
         return _refuse(opening, exc)
 
 
 def _run(opening: Opening) -> WorkflowRun:
     segment = Segment(opening.run_id, opening.tenant, opening.row)
     for type_, payload in opening.first:
-        segment.add(type_, dict(payload))
+        observed.stamp(segment.add(type_, dict(payload)), opening)
     if opening.failure is not None:  # known before anything runs: nothing to roll back
-        logger.warning("run %s failed: %s", opening.run_id, opening.failure)
+        fields = telemetry.log_fields(step_path=opening.failure.cursor)
+        logger.warning("run %s failed: %s", opening.run_id, opening.failure, extra=fields)
         segment.add(ev.RUN_FAILED, opening.failure.payload())
     elif opening.steps is not None:
         steps = opening.steps
@@ -201,7 +212,7 @@ def _record(
                     closing = compensation.start(row, failure) or closing
             segment = Segment(opening.run_id, opening.tenant, row)
             for type_, payload in [*first, closing]:
-                segment.add(type_, dict(payload))
+                observed.stamp(segment.add(type_, dict(payload)), opening)
             return segment.write()
     except StaleRow:
         return None

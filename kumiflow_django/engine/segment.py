@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextvars
 import json
-import logging
 import uuid
 from datetime import datetime
 from typing import Any
@@ -57,10 +56,11 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.values import clean_text, dump, to_json
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
-logger = logging.getLogger("kumiflow_django.engine")
+logger = get_logger("kumiflow_django.engine")
 
 #: How deeply segments are nested in this thread (a step that appends an
 #: event may start or wake another run inside the same transaction).
@@ -102,7 +102,9 @@ class Segment:
         requests = [e for e in ctx.effects if isinstance(e, DispatchRequest)]
         tasks = [e for e in ctx.effects if isinstance(e, TaskRequest)]
         self.dispatches += opened(requests, tenant=tenant, run_id=run_id, now=now)
-        self.tasks += open_tasks(tasks, tenant=tenant, run_id=run_id, now=now)
+        self.tasks += open_tasks(
+            tasks, tenant=tenant, run_id=run_id, now=now, workflow=ctx.run.workflow
+        )
         kids = [e for e in ctx.effects if isinstance(e, ChildRequest)]
         if kids:
             try:
@@ -207,6 +209,7 @@ def advance(
             run.id,
             failure.describe(),
             exc_info=(type(failure.error), failure.error, failure.error.__traceback__),
+            extra=log_fields(step_path=failure.path),
         )
         # An error may name its own reason (a task step's task that failed for good).
         reason = getattr(failure.error, "run_failure_reason", ev.STEP_FAILED)
@@ -353,5 +356,9 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
             },
         )
     logger.debug(
-        "run %s suspended (%s) at %s", ctx.run.id, type(wait).__name__, path_text(suspend.cursor)
+        "run %s suspended (%s) at %s",
+        ctx.run.id,
+        type(wait).__name__,
+        path_text(suspend.cursor),
+        extra=log_fields(step_path=suspend.cursor),
     )

@@ -7,7 +7,6 @@ failed; the caller's own writes (the domain event) still commit.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +25,7 @@ from kumiflow_django.engine.resuming import after_segment, writers_serialized
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute, keyed_run
 from kumiflow_django.engine.segment import current_depth
 from kumiflow_django.projections.runs import WorkflowRun
-from kumiflow_django.store import db, limits
+from kumiflow_django.store import db, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.errors import InvalidEvent, UnknownWorkflow
@@ -34,7 +33,7 @@ from kumiflow_django.store.log import check_text, resolve_tenant
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.values import clean_text, to_json
 
-logger = logging.getLogger("kumiflow_django.engine.starting")
+logger = telemetry.get_logger("kumiflow_django.engine.starting")
 
 
 def start_workflow(
@@ -99,7 +98,12 @@ def start_triggered(event: Event) -> None:
         except BaseException as exc:  # user code: SystemExit fails the run like any error
             if is_transient(exc):
                 raise
-            logger.warning("workflow %s: trigger of event %s failed", workflow.name, event.position)
+            logger.warning(
+                "workflow %s: trigger of event %s failed",
+                workflow.name,
+                event.position,
+                extra=telemetry.log_fields(workflow=workflow.name, tenant=event.tenant_id),
+            )
             failure = Failure(
                 ev.STEP_FAILED, clean_text(f"{type(exc).__name__} in the trigger: {exc}", 600)
             )
@@ -122,6 +126,7 @@ def start_triggered(event: Event) -> None:
                 workflow.name,
                 event.type,
                 event.position,
+                extra=telemetry.log_fields(workflow=workflow.name, tenant=event.tenant_id),
             )
 
 
@@ -206,6 +211,10 @@ def start_run(
             failure=reason,
             key=key,
             workflow_name=workflow.name,
+            # telemetry: the run's origin, stored on run-started
+            trace=(telemetry.carried(trigger.metadata) or telemetry.carrier())
+            if telemetry.tracing()
+            else None,
         )
 
     remember(workflow)  # the definition the run starts on, for the console

@@ -16,7 +16,6 @@ NOTIFY inside a segment would make every segment wait for the others.
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -25,8 +24,9 @@ from django.urls import NoReverseMatch, reverse
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store import db
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.http")
+logger = get_logger("kumiflow_django.http")
 
 #: The channel the live run streams LISTEN on; the payload is the run id.
 CHANNEL = "kumiflow_runs"

@@ -9,7 +9,6 @@ reads runs only within the caller's tenants, so another tenant's run is
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Any
 
@@ -29,8 +28,9 @@ from kumiflow_django.http import serializers, tokens
 from kumiflow_django.http.auth import Principal
 from kumiflow_django.http.errors import ApiError, bad_request, from_kumiflow
 from kumiflow_django.models import WorkflowRun
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.http")
+logger = get_logger("kumiflow_django.http")
 
 
 def parse_run_id(run_id: str) -> uuid.UUID:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
@@ -46,8 +45,9 @@ from kumiflow_django.http.serializers import EVENT_FIELDS, event_json
 from kumiflow_django.http.views import convert, method_not_allowed
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
 from kumiflow_django.store import db
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.http")
+logger = get_logger("kumiflow_django.http")
 
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 #: Events read at most per read; a stream that is further behind reads on at once.

@@ -15,7 +15,6 @@ is not a cookie; session requests get the CSRF check in
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +26,9 @@ from kumiflow_django.http import openapi, schema, service
 from kumiflow_django.http.auth import Principal, authenticate
 from kumiflow_django.http.errors import ApiError, bad_request
 from kumiflow_django.http.openapi import Endpoint
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.http")
+logger = get_logger("kumiflow_django.http")
 
 
 @dataclass

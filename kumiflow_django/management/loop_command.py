@@ -21,10 +21,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store import db
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.workers.listener import PgListener
 from kumiflow_django.workers.loop import Loop, limit_idle_transactions
 
-logger = logging.getLogger("kumiflow_django")
+logger = get_logger("kumiflow_django")
 
 
 def positive_int(text: str) -> int:

@@ -28,6 +28,14 @@ class Migration(migrations.Migration):
                 ),
                 ("tenant_id", models.CharField(max_length=64, verbose_name="tenant")),
                 ("run_id", models.UUIDField(verbose_name="run")),
+                (
+                    "workflow",
+                    models.CharField(blank=True, max_length=200, verbose_name="workflow"),
+                ),
+                (
+                    "trace",
+                    models.JSONField(blank=True, null=True, verbose_name="trace context"),
+                ),
                 ("step_path", models.CharField(max_length=200, verbose_name="step")),
                 ("name", models.CharField(blank=True, max_length=200, verbose_name="step name")),
                 ("function", models.CharField(max_length=300, verbose_name="function")),

@@ -16,7 +16,7 @@ The dispatch loop (:mod:`kumiflow_django.workers.dispatch`) calls
 
 from __future__ import annotations
 
-import logging
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,12 +30,14 @@ from kumiflow_django.outbox.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.outbox.kinds import dispatch_kinds
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, append
 from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
+from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text
 
-logger = logging.getLogger("kumiflow_django.dispatch")
+logger = get_logger("kumiflow_django.dispatch")
 
 
 def _lock(dispatch_id: uuid.UUID, version: int, *, skip_locked: bool) -> Dispatch | None:
@@ -116,7 +118,21 @@ def deliver_one(dispatch_id: uuid.UUID, version: int) -> bool:
     dispatch = _claim(dispatch_id, version)
     if dispatch is None:
         return False
-    outcome, payload = _attempt(dispatch)
+    # telemetry: the delivery's span, the run in the log fields, the metrics
+    with (
+        telemetry.run_fields(dispatch.run_id, None, dispatch.tenant_id),
+        telemetry.StepScope(dispatch.step_path),
+        _span(dispatch) as span,
+    ):
+        began = time.perf_counter()
+        outcome, payload = _attempt(dispatch)
+        elapsed = time.perf_counter() - began
+        recorded = _record(dispatch, outcome, payload)
+        _report(span, dispatch, outcome if recorded else None, payload, elapsed)
+    return recorded
+
+
+def _record(dispatch: Dispatch, outcome: str, payload: dict[str, Any]) -> bool:
     with db.atomic():
         current = _lock(dispatch.id, dispatch.version, skip_locked=False)
         if current is None:
@@ -129,6 +145,54 @@ def deliver_one(dispatch_id: uuid.UUID, version: int) -> bool:
         except (IntegrityError, StaleRow):
             return False
     return True
+
+
+#: What each recorded outcome counts as (None: the outcome was not recorded).
+OUTCOMES = {
+    ev.DISPATCHED: "delivered",
+    ev.DISPATCH_ATTEMPT_FAILED: "retry",
+    ev.DISPATCH_FAILED: "dead",
+}
+
+
+def _span(dispatch: Dispatch) -> Any:
+    """The delivery's span: a child of the segment that asked for the dispatch
+    (whose trace context its ``dispatch-requested`` event stores)."""
+    if not telemetry.tracing():
+        return telemetry.NO_SPAN
+    requested = (
+        Event.objects.filter(stream_id=str(dispatch.id), version=1)
+        .values_list("metadata", flat=True)
+        .first()
+    )
+    return telemetry.span(
+        "delivery",
+        parent=telemetry.carried(requested),
+        dispatch_id=dispatch.id,
+        kind=dispatch.kind,
+        attempt=dispatch.attempts,
+        run_id=dispatch.run_id,
+        tenant=dispatch.tenant_id,
+        step_path=dispatch.step_path or None,
+    )
+
+
+def _report(
+    span: telemetry.Span,
+    dispatch: Dispatch,
+    recorded: str | None,
+    payload: dict[str, Any],
+    elapsed: float,
+) -> None:
+    outcome = "lost" if recorded is None else OUTCOMES[recorded]
+    if recorded in (ev.DISPATCH_ATTEMPT_FAILED, ev.DISPATCH_FAILED):
+        span.fail(str(payload.get("error", "")))
+    span.set(outcome=outcome, status_code=payload.get("status_code"))
+    telemetry.count(telemetry.DELIVERIES, kind=dispatch.kind, outcome=outcome)
+    telemetry.observe(telemetry.DELIVERY_DURATION, elapsed, kind=dispatch.kind, outcome=outcome)
+    if recorded == ev.DISPATCHED:
+        latency = (clock.now() - dispatch.created_at).total_seconds()
+        telemetry.observe(telemetry.DELIVERY_LATENCY, max(latency, 0.0), kind=dispatch.kind)
 
 
 def due_dispatches(now: datetime, limit: int) -> list[tuple[uuid.UUID, int]]:

@@ -18,6 +18,7 @@ from kumiflow_django.outbox.kinds import dispatch_kinds
 from kumiflow_django.projections.dispatches import DISPATCHES, Dispatch, metadata
 from kumiflow_django.projections.stream import Change
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import telemetry
 
 
 def opened(
@@ -26,9 +27,9 @@ def opened(
     """The dispatch streams that the requests of one run's segment open."""
     changes = []
     for request in requests:
-        change = Change(
-            DISPATCHES, str(request.id), tenant, None, now=now, metadata=metadata(run_id)
-        )
+        # telemetry: the segment's trace context, which the delivery continues
+        meta = telemetry.stamp(metadata(run_id))
+        change = Change(DISPATCHES, str(request.id), tenant, None, now=now, metadata=meta)
         change.add(
             ev.DISPATCH_REQUESTED,
             {

@@ -44,11 +44,14 @@ from kumiflow_django.conf import settings
 from kumiflow_django.outbox import ssrf
 from kumiflow_django.outbox.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.projections.dispatches import Dispatch
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, telemetry
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.values import clean_text, to_json
 
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")
+#: Headers the delivery sets itself from the trace context of the delivery's
+#: span: a request that names them is refused (not silently overridden).
+TRACE_HEADERS = {telemetry.TRACEPARENT, telemetry.TRACESTATE}
 _RESERVED_HEADERS = {"idempotency-key", "x-kumiflow-signature", "x-kumiflow-timestamp"}
 
 _local = threading.local()
@@ -93,6 +96,12 @@ def check(request: Mapping[str, Any]) -> str | None:
         isinstance(names, list) and all(isinstance(n, str) and 0 < len(n) <= 200 for n in names)
     ):
         return "webhook response_headers must be a list of header names"
+    traced = sorted(k for k in headers if k.lower() in TRACE_HEADERS)
+    if traced:
+        return (
+            f"webhook headers must not set {', '.join(traced)}: kumiflow-django sends "
+            "the trace context of the delivery itself"
+        )
     timeout = request.get("timeout")
     if timeout is not None and not (
         isinstance(timeout, list) and len(timeout) == 2 and all(_positive(t) for t in timeout)
@@ -198,12 +207,13 @@ def deliver(request: Mapping[str, Any], dispatch: Dispatch) -> dict[str, Any]:
     headers = {
         k: v
         for k, v in (request.get("headers") or {}).items()
-        if k.lower() not in _RESERVED_HEADERS
+        if k.lower() not in _RESERVED_HEADERS and k.lower() not in TRACE_HEADERS
     }
     headers.setdefault("Content-Type", "application/json")
     headers.setdefault("User-Agent", f"kumiflow-django/{__version__}")
     headers["Idempotency-Key"] = dispatch.idempotency_key
     headers["X-Kumiflow-Timestamp"] = timestamp
+    headers.update(telemetry.carrier() or {})  # traceparent: the delivery's span
     secret_name = request.get("secret")
     if secret_name:
         secret = settings.WEBHOOK_SECRETS.get(secret_name)

@@ -7,7 +7,6 @@ log order. All in one transaction: readers see the old tables or the new.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,8 +18,9 @@ from kumiflow_django.projections.user import projections
 from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.projections.rebuild")
+logger = get_logger("kumiflow_django.projections.rebuild")
 
 BATCH = 1000
 

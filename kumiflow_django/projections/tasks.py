@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from kumiflow_django.definition.context import TaskRequest
 from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections.stream import Change, Stream, write_one
-from kumiflow_django.store import clock, limits
+from kumiflow_django.store import clock, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import EngineManager, Event
 
@@ -55,6 +55,10 @@ class StepTask(models.Model):
     id = models.UUIDField(_("task id"), primary_key=True, default=uuid.uuid4, editable=False)
     tenant_id = models.CharField(_("tenant"), max_length=limits.TENANT)
     run_id = models.UUIDField(_("run"))
+    workflow = models.CharField(_("workflow"), max_length=limits.WORKFLOW_NAME, blank=True)
+    #: The trace context of the segment that asked for the task (its attempts'
+    #: spans are its children), when a trace was active.
+    trace = models.JSONField(_("trace context"), null=True, blank=True)
     step_path = models.CharField(_("step"), max_length=limits.STEP_PATH)
     name = models.CharField(_("step name"), max_length=limits.EVENT_TYPE, blank=True)
     function = models.CharField(_("function"), max_length=limits.TASK_FUNCTION)
@@ -142,6 +146,8 @@ def apply(task: StepTask | None, event: Event) -> StepTask:
             id=uuid.UUID(event.stream_id),
             tenant_id=event.tenant_id,
             run_id=uuid.UUID(p["run_id"]),
+            workflow=p.get("workflow") or "",
+            trace=p.get("trace"),
             step_path=p["step"],
             name=p.get("name") or "",
             function=p["function"],
@@ -224,7 +230,12 @@ def metadata(run_id: uuid.UUID) -> dict[str, str]:
 
 
 def opened(
-    requests: Iterable[TaskRequest], *, tenant: str, run_id: uuid.UUID, now: datetime
+    requests: Iterable[TaskRequest],
+    *,
+    tenant: str,
+    run_id: uuid.UUID,
+    now: datetime,
+    workflow: str = "",
 ) -> list[Change[StepTask]]:
     """The task streams that the task requests of one run's segment open.
 
@@ -232,12 +243,14 @@ def opened(
     without an attempt.
     """
     changes = []
+    trace = telemetry.carrier() if requests else None
     for request in requests:
         change = Change(TASKS, str(request.id), tenant, None, now=now, metadata=metadata(run_id))
         change.add(
             ev.TASK_REQUESTED,
             {
                 "run_id": str(run_id),
+                "workflow": workflow,
                 "step": request.step,
                 "name": request.name,
                 "function": request.function,
@@ -249,7 +262,8 @@ def opened(
                 "non_retryable": list(request.non_retryable),
                 "timeout": request.timeout,
                 "heartbeat_timeout": request.heartbeat_timeout,
-            },
+            }
+            | ({"trace": trace} if trace else {}),
         )
         if request.problem:
             change.add(

@@ -15,6 +15,7 @@ from kumiflow_django.definition.context import Context, state_part
 from kumiflow_django.definition.step import Step, get_kind, path_text
 from kumiflow_django.steps.control import ReturnValue, StepError, Suspend
 from kumiflow_django.store.errors import InvalidEvent
+from kumiflow_django.store.telemetry import StepScope
 from kumiflow_django.store.values import to_json
 
 
@@ -30,32 +31,40 @@ def run_steps(
         step_resume = inner if resume is not None and index == start else None
         key = path_text(path)
         began = time.perf_counter()
-        try:
-            result = kind.execute(step, ctx, path, step_resume)
-        except ReturnValue:
+        # telemetry: the step's span, and its path in the log fields
+        with StepScope(path, kind=step.kind, name=step.name, run=ctx.run) as span:
+            try:
+                result = kind.execute(step, ctx, path, step_resume)
+            except ReturnValue:
+                span.set(outcome="returned")
+                ctx.trail.append(key)
+                ctx.timed(key, began)
+                raise
+            except Suspend:
+                span.set(outcome="suspended")
+                raise
+            except StepError as failure:
+                span.fail(failure.error if failure.path == path else failure.describe())
+                raise
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: a step's exception fails its run
+                span.fail(exc)
+                ctx.timed(key, began)
+                raise StepError(path, step.kind, step.name, exc) from exc
+            ctx.timed(key, began)
+            if step.name is not None and kind.stores_result:
+                ctx.steps[step.name] = json_result(result, step, path)
+            if "compensate" in step.children and not ctx.compensating:
+                # Undone, last first, if the run fails later (engine.compensation).
+                state_part(ctx.state, "compensations").append(
+                    {
+                        "path": path,
+                        "scope": to_json(dict(ctx.scope), "the loop scope"),
+                        "branch": ctx.branch,
+                    }
+                )
             ctx.trail.append(key)
-            ctx.timed(key, began)
-            raise
-        except (Suspend, StepError):
-            raise
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # SystemExit too: a step's exception fails its run
-            ctx.timed(key, began)
-            raise StepError(path, step.kind, step.name, exc) from exc
-        ctx.timed(key, began)
-        if step.name is not None and kind.stores_result:
-            ctx.steps[step.name] = json_result(result, step, path)
-        if "compensate" in step.children and not ctx.compensating:
-            # Undone, last first, if the run fails later (engine.compensation).
-            state_part(ctx.state, "compensations").append(
-                {
-                    "path": path,
-                    "scope": to_json(dict(ctx.scope), "the loop scope"),
-                    "branch": ctx.branch,
-                }
-            )
-        ctx.trail.append(key)
 
 
 def json_result(value: Any, step: Step, path: list[Any]) -> Any:

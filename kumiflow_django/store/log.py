@@ -12,7 +12,6 @@ writes them through :func:`insert`; applications cannot append to them.
 
 from __future__ import annotations
 
-import logging
 import random
 import re
 import time
@@ -25,7 +24,7 @@ from django.db import IntegrityError, connections
 
 from kumiflow_django.conf import settings
 from kumiflow_django.signals import event_appended
-from kumiflow_django.store import clock, db, limits
+from kumiflow_django.store import clock, db, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import sql as rowsql
 from kumiflow_django.store.db import is_version_clash
@@ -34,7 +33,7 @@ from kumiflow_django.store.immutability import erasure_permit
 from kumiflow_django.store.models import Event, EventQuerySet, allow_writes
 from kumiflow_django.store.values import to_json
 
-logger = logging.getLogger("kumiflow_django.store.log")
+logger = telemetry.get_logger("kumiflow_django.store.log")
 
 #: Event types under this prefix are written by the engine only.
 RESERVED_PREFIX = "kumiflow."
@@ -144,7 +143,9 @@ def _check_event(new: NewEvent) -> NewEvent:
     return NewEvent(
         type=event_type,
         payload=to_json(dict(payload), f"payload of {event_type!r}"),
-        metadata=to_json(dict(metadata), f"metadata of {event_type!r}"),
+        # The trace context of the appending code, when a trace is active
+        # (telemetry): a run this event starts or wakes continues it.
+        metadata=telemetry.stamp(to_json(dict(metadata), f"metadata of {event_type!r}")),
         schema_version=version,
     )
 

@@ -10,7 +10,6 @@ own polls stay the source of truth: a lost notification only costs latency.
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -21,8 +20,9 @@ from typing import NamedTuple
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store import clock, db
+from kumiflow_django.store.telemetry import get_logger, log_fields
 
-logger = logging.getLogger("kumiflow_django.wakeups")
+logger = get_logger("kumiflow_django.wakeups")
 
 CHANNEL = "kumiflow_work"
 
@@ -89,7 +89,8 @@ def _committed(work: Work) -> None:
         try:
             hook(work)
         except Exception:  # one hook never stops the wake-up of the loops
-            logger.warning("a wake-up hook failed for %s", work, exc_info=True)
+            fields = log_fields(run_id=work.run_id)
+            logger.warning("a wake-up hook failed for %s", work, exc_info=True, extra=fields)
     soon = clock.now() + timedelta(seconds=settings.MAX_INTERVAL)
     if work.when is None or work.when <= soon:  # far away: the loops find it by polling
         announce(work.kind)

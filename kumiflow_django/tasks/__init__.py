@@ -28,7 +28,6 @@ Both need ``django.tasks`` (Django 6.0+) or the ``django-tasks`` backport.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import socket
 import uuid
@@ -37,10 +36,11 @@ from typing import Any, cast
 
 from kumiflow_django.conf import settings
 from kumiflow_django.engine.resuming import resume_run
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import Work, WorkKind, on_committed
 from kumiflow_django.tasks import attempts, backends
 
-logger = logging.getLogger("kumiflow_django.tasks")
+logger = get_logger("kumiflow_django.tasks")
 
 
 def _task_class() -> Any:

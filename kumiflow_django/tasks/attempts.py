@@ -20,7 +20,6 @@ again by the policy: at least once, always under the same idempotency key.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 import traceback
 import uuid
@@ -37,15 +36,16 @@ from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import TASKS, StepTask, TaskStatus, append, metadata
 from kumiflow_django.steps.task import import_function
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import InvalidEvent
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text, to_json
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 from kumiflow_django.tasks.context import TaskContext, running
 
-logger = logging.getLogger("kumiflow_django.tasks")
+logger = get_logger("kumiflow_django.tasks")
 
 #: Longest traceback kept with a failed attempt, in characters.
 MAX_TRACEBACK = 16_000
@@ -61,6 +61,8 @@ class Attempt:
     args: Any
     context: TaskContext
     non_retryable: tuple[str, ...]
+    workflow: str = ""
+    trace: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,14 @@ def _attempt(task: StepTask, started: datetime) -> Attempt:
         heartbeat_timeout=task.heartbeat_timeout,
     )
     return Attempt(
-        task.id, task.attempt, task.function, task.args, context, tuple(task.non_retryable)
+        task.id,
+        task.attempt,
+        task.function,
+        task.args,
+        context,
+        tuple(task.non_retryable),
+        workflow=task.workflow,
+        trace=task.trace,
     )
 
 
@@ -185,8 +194,24 @@ def _exception_class(path: str) -> type[BaseException] | None:
 
 
 def run(attempt: Attempt) -> Outcome:
-    """Run the attempt's function (outside any transaction); never raises but
+    """Run the attempt's function (outside any transaction), in its span (a
+    child of the segment that asked for the task); never raises but
     ``KeyboardInterrupt``."""
+    with telemetry.task_attempt(
+        run_id=attempt.context.run_id,
+        workflow=attempt.workflow,
+        tenant=attempt.context.tenant,
+        step_path=attempt.context.step.split("."),
+        task=attempt.function,
+        attempt=attempt.number,
+        parent=attempt.trace,
+    ) as watched:
+        outcome = _run(attempt)
+        watched.outcome = "succeeded" if outcome.ok else "failed"
+    return outcome
+
+
+def _run(attempt: Attempt) -> Outcome:
     began = time.monotonic()
     try:
         function = import_function(attempt.function)

@@ -16,7 +16,6 @@ attempt's number).
 
 from __future__ import annotations
 
-import logging
 import uuid
 from datetime import datetime, timedelta
 from functools import partial
@@ -31,8 +30,9 @@ from kumiflow_django.projections.tasks import StepTask, TaskStatus, append
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.tasks")
+logger = get_logger("kumiflow_django.tasks")
 
 #: A due attempt that no hand-off claimed this long is handed off again.
 RESEND_AFTER = timedelta(seconds=30)

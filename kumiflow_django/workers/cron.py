@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 
 from kumiflow_django.cron.schedules import fire_schedule, sync_schedules
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.store import clock
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
 
-logger = logging.getLogger("kumiflow_django.cron.schedules")
+logger = get_logger("kumiflow_django.cron.schedules")
 
 
 class CronLoop(Loop):

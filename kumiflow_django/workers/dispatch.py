@@ -8,16 +8,16 @@ comes back), the others go on.
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 
 from kumiflow_django.outbox.delivery import deliver_one, due_dispatches
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.store import clock
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
 
-logger = logging.getLogger("kumiflow_django.dispatch")
+logger = get_logger("kumiflow_django.dispatch")
 
 
 class DispatchLoop(Loop):

@@ -9,13 +9,13 @@ the loops then find work by polling, within their ``--max-interval``.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
 from kumiflow_django.store import db, wakeups
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.listener")
+logger = get_logger("kumiflow_django.listener")
 
 
 class PgListener(threading.Thread):

@@ -9,7 +9,6 @@ shells around these classes; tests call ``run_once()`` directly.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from datetime import datetime
@@ -20,8 +19,9 @@ from django.db import reset_queries
 from django.db.backends.signals import connection_created
 
 from kumiflow_django.store import clock, db, wakeups
+from kumiflow_django.store.telemetry import get_logger
 
-logger = logging.getLogger("kumiflow_django.workers.loop")
+logger = get_logger("kumiflow_django.workers.loop")
 
 
 class Loop:

@@ -14,7 +14,6 @@ stream, where the admin shows it.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
@@ -32,10 +31,11 @@ from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import clock, db
 from kumiflow_django.store.db import is_transient
+from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
 
-logger = logging.getLogger("kumiflow_django.resume")
+logger = get_logger("kumiflow_django.resume")
 
 
 class Due(NamedTuple):
@@ -151,7 +151,10 @@ class ResumeLoop(Loop):
                 continue
             if recovered:
                 logger.warning(
-                    "run %s: taking over from %s, whose lease expired", run_id, recovered["from"]
+                    "run %s: taking over from %s, whose lease expired",
+                    run_id,
+                    recovered["from"],
+                    extra=log_fields(run_id=run_id),
                 )
             try:
                 run = resume_run(
@@ -162,13 +165,21 @@ class ResumeLoop(Loop):
                 # with a backoff): the database is away, or something nobody
                 # expected broke. The transaction was rolled back.
                 if is_transient(exc):
-                    logger.warning("run %s: resume failed (%s); it stays due", run_id, exc)
+                    logger.warning(
+                        "run %s: resume failed (%s); it stays due",
+                        run_id,
+                        exc,
+                        extra=log_fields(run_id=run_id),
+                    )
                     self._release(run_id)
                 else:
                     # Keep the lease: the run is tried again when it runs out,
                     # not at once on every poll.
                     logger.exception(
-                        "run %s: resume failed; tried again in %ss", run_id, settings.LEASE_SECONDS
+                        "run %s: resume failed; tried again in %ss",
+                        run_id,
+                        settings.LEASE_SECONDS,
+                        extra=log_fields(run_id=run_id),
                     )
                 continue
             if run is None:

@@ -24,7 +24,6 @@ once: the attempts' leases run out and other workers try them again.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -38,12 +37,13 @@ from django.db.models import Min, QuerySet
 from kumiflow_django.conf import settings
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.store import clock, db
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.tasks import attempts, backends, runner_task
 from kumiflow_django.workers.loop import Loop, refresh_connection
 from kumiflow_django.workers.resume import default_worker_id
 
-logger = logging.getLogger("kumiflow_django.tasks")
+logger = get_logger("kumiflow_django.tasks")
 
 #: Seconds an attempt may outlive its timeout before its thread is abandoned
 #: (the database gives it up at its timeout; this is for clocks that disagree).

@@ -9,17 +9,28 @@ the work through skip-locked claims, stream versions and leases.
 
 from __future__ import annotations
 
-import logging
 import threading
+from collections.abc import Sequence
+from typing import Protocol
 
 from kumiflow_django.store import db
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.workers.cron import CronLoop
 from kumiflow_django.workers.dispatch import DispatchLoop
 from kumiflow_django.workers.loop import Loop
 from kumiflow_django.workers.resume import ResumeLoop, default_worker_id
 from kumiflow_django.workers.tasks import TaskLoop
 
-logger = logging.getLogger("kumiflow_django.workers.worker")
+logger = get_logger("kumiflow_django.workers.worker")
+
+
+class Service(Protocol):
+    """Something that runs beside the loops and stops with them (the metrics
+    endpoint of ``--metrics-port``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class Worker:
@@ -34,8 +45,10 @@ class Worker:
         batch_size: int = 100,
         max_interval: float = 5.0,
         worker_id: str | None = None,
+        services: Sequence[Service] = (),
     ) -> None:
         self.worker_id = worker_id or default_worker_id()
+        self.services = list(services)
         self.loops: list[Loop] = []
         if resume:
             self.loops.append(
@@ -81,11 +94,19 @@ class Worker:
         logger.info(
             "worker %s: running %s", self.worker_id, ", ".join(loop.name for loop in self.loops)
         )
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.5)  # keeps the main thread free for signals
+        started: list[Service] = []
+        try:
+            for service in self.services:
+                service.start()
+                started.append(service)
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.5)  # keeps the main thread free for signals
+        finally:
+            for service in reversed(started):
+                service.stop()
         logger.info("worker %s stopped", self.worker_id)
 
     def _run_loop(self, loop: Loop) -> None:

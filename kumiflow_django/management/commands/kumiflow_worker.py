@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -14,7 +15,19 @@ from kumiflow_django.management.loop_command import (
     positive_int,
     run_until_signalled,
 )
-from kumiflow_django.workers.worker import Worker
+from kumiflow_django.workers.worker import Service, Worker
+
+try:  # kumiflow-django[metrics]: the worker runs without it
+    from kumiflow_django.observability import metrics
+except ImportError:
+    metrics = None  # type: ignore[assignment]
+
+
+def port(text: str) -> int:
+    value = positive_int(text) if text != "0" else 0
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value}")
+    return value
 
 
 class Command(BaseCommand):
@@ -48,6 +61,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--worker-id", default=None, help="Name in leases and logs (default: host:pid:random)."
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=port,
+            default=None,
+            help="Serve Prometheus metrics on this port (0: any free one; the log says which).",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            help="Address of the metrics endpoint (default: 127.0.0.1; 0.0.0.0 for all).",
+        )
 
     def handle(
         self,
@@ -61,12 +85,19 @@ class Command(BaseCommand):
         batch_size: int | None = None,
         max_interval: float | None = None,
         worker_id: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
         verbosity: int = 1,
         **options: Any,
     ) -> None:
         configure_logging(verbosity, self.stdout)
         if worker_id is not None and not 0 < len(worker_id) <= 64:
             raise CommandError("--worker-id must have 1 to 64 characters")
+        services: list[Service] = []
+        if metrics_port is not None:
+            if once:
+                raise CommandError("--metrics-port serves a running worker, not --once")
+            services.append(metrics_server(metrics_host, metrics_port))
         try:
             worker = Worker(
                 resume=not no_resume,
@@ -77,6 +108,7 @@ class Command(BaseCommand):
                 batch_size=batch_size or settings.RESUME_BATCH_SIZE,
                 max_interval=max_interval or settings.MAX_INTERVAL,
                 worker_id=worker_id,
+                services=services,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
@@ -87,3 +119,16 @@ class Command(BaseCommand):
         run_until_signalled(worker.run, worker.stop)
         if worker.crashed:
             raise CommandError("a loop crashed (see the log); the worker stopped")
+
+
+def metrics_server(host: str, port: int) -> Service:
+    if metrics is None:
+        raise CommandError(
+            "--metrics-port needs prometheus-client: pip install 'kumiflow-django[metrics]'"
+        )
+    try:
+        return metrics.MetricsServer(host, port)
+    except RuntimeError as exc:  # switched off
+        raise CommandError(str(exc)) from exc
+    except OSError as exc:
+        raise CommandError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from exc
