@@ -88,6 +88,11 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, str) and v in django_settings.DATABASES,
         "an alias of DATABASES",
     ),
+    "LISTEN_DATABASE": (
+        "kumiflow.E021",
+        lambda v: v is None or (isinstance(v, str) and v in django_settings.DATABASES),
+        "None or an alias of DATABASES",
+    ),
 }
 
 
