@@ -134,6 +134,15 @@ def test_a_dry_run_counts_what_would_go_and_deletes_nothing(history, capsys):
 
 
 @pytest.mark.django_db
+def test_a_pending_delivery_of_no_run_holds_back_no_run(history, clock):
+    Dispatch.objects.create(
+        tenant_id="default", kind="mail", status="pending", version=1,
+        created_at=clock.now(), updated_at=clock.now(),
+    )  # fmt: skip
+    assert Retention(history["cutoff"]).count() == 5
+
+
+@pytest.mark.django_db
 def test_archive_and_restore_give_back_every_table_and_every_event(history, tmp_path):
     before, events_before = snapshot(), log()
 

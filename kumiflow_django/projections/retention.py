@@ -186,7 +186,9 @@ class Retention:
             qs = self._finished(status)
             for owned in owned_streams.values():
                 if owned.keeps_run is not None:
-                    busy = owned.stream.model._default_manager.filter(owned.keeps_run)
+                    busy = owned.stream.model._default_manager.filter(owned.keeps_run).exclude(
+                        **{owned.run_field: None}  # NOT IN with a NULL would exclude every run
+                    )
                     qs = qs.exclude(id__in=busy.values(owned.run_field))
             total += qs.count()
         return total
