@@ -278,7 +278,9 @@ def w10(db: str) -> dict[str, Any]:
     from kumiflow_django.models import WorkflowRun
 
     clear_peak_rss()
+    machine = machine_cpu()
     empty = {"w1": _w1_rate("empty"), "poll_0": _poll_ms()}
+    busy_empty = _busy(machine, machine_cpu())
     _due(100)
     empty["poll_100"] = _poll_ms()
     empty_pages = _render_ms()
@@ -290,7 +292,9 @@ def w10(db: str) -> dict[str, Any]:
     connections.close_all()
     loaded = _load_history(url, n)
     clear_peak_rss()
+    machine = machine_cpu()
     full = {"w1": _w1_rate("full"), "poll_0": _poll_ms()}
+    busy_full = _busy(machine, machine_cpu())
     _due(100)
     full["poll_100"] = _poll_ms()
     full_pages = _render_ms()
@@ -309,6 +313,10 @@ def w10(db: str) -> dict[str, Any]:
         "poll_100_due_empty_ms": round(empty["poll_100"], 3),
         "poll_100_due_history_ms": round(full["poll_100"], 3),
         "poll_100_due_slowdown": round(full["poll_100"] / empty["poll_100"], 3),
+        # Share of the machine's CPUs busy while W1 and the poll ran (this
+        # process and the database use one each at most; the rest is others').
+        "machine_busy_empty": round(busy_empty, 2),
+        "machine_busy_history": round(busy_full, 2),
         # The engine runs in this process here (no worker process): its peak
         # while measuring, the bulk load having run in a process of its own.
         "worker_peak_rss_mb": round(max(rss_empty, rss_full), 1),
@@ -360,8 +368,9 @@ def w11(db: str) -> dict[str, Any]:
     loaded = _load_history(url, n, newest_days=100, oldest_days=400)
     clear_peak_rss()
     _start_latencies("warm", lambda i: i >= 200)
-    began = time.monotonic()
+    began, machine = time.monotonic(), machine_cpu()
     alone = _start_latencies("alone", lambda i: time.monotonic() - began >= baseline_s)
+    busy_alone = _busy(machine, machine_cpu())
 
     log = Path(tempfile.mkstemp(prefix="w11-", suffix=".log")[1])
     retention = _manage(url, "kumiflow_retention", "--finished-before", "P90D", "-v", "1", log=log)
@@ -375,9 +384,10 @@ def w11(db: str) -> dict[str, Any]:
                 pass
         return retention.poll() is not None
 
-    during_began = time.monotonic()
+    during_began, machine = time.monotonic(), machine_cpu()
     during = _start_latencies("during", finished)
     during_s = time.monotonic() - during_began
+    busy_during = _busy(machine, machine_cpu())
     output = log.read_text()
     log.unlink(missing_ok=True)
     assert retention.returncode == 0, output[-2000:]
@@ -405,6 +415,8 @@ def w11(db: str) -> dict[str, Any]:
         "w1_during_p99_ms": round(p99_during, 2),
         "w1_during_per_s": round(len(during) / max(during_s, 1e-9), 1),
         "p99_ratio": round(p99_during / max(p99_alone, 1e-9), 2),
+        "machine_busy_alone": round(busy_alone, 2),
+        "machine_busy_during": round(busy_during, 2),
         "retention_peak_rss_mb": round(peak["rss"], 1),
         "worker_peak_rss_mb": round(proc_status(os.getpid())["VmHWM"], 1),
     }

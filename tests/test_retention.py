@@ -380,3 +380,13 @@ def test_restore_into_a_database_whose_counter_is_behind_the_archive(registry, c
     Restore().restore([report.archive])
     highest = max(Event.objects.values_list("position", flat=True))
     assert append_event("next", "order.placed").position > highest
+
+
+@pytest.mark.django_db
+def test_an_archive_that_cannot_be_written_deletes_nothing_and_frees_the_lock(history, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.raises(OSError):
+        Retention(history["cutoff"], archive_dir=blocked / "archive").run()
+    assert WorkflowRun.objects.filter(id__in=history["going"]).count() == 5
+    assert not ProcessLock.objects.exclude(owner="").exists()

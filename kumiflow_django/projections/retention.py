@@ -198,9 +198,10 @@ class Retention:
         report = RetentionReport(owned=dict.fromkeys(owned_streams, 0))
         began = time.monotonic()
         locks.acquire(LOCK_NAME, self.owner, LOCK_SECONDS)
-        writer = self._writer()
-        report.archive = writer.path if writer else None
+        writer = None
         try:
+            writer = self._writer()
+            report.archive = writer.path if writer else None
             for status in FINISHED:
                 after: tuple[datetime, uuid.UUID] | None = None
                 while not self._stopping.is_set():
