@@ -134,6 +134,16 @@ def database_pids(vendor: str, name: str) -> list[int]:
     return []
 
 
+def release_freed_memory() -> None:
+    """Give memory this process freed back to the system (glibc keeps it
+    otherwise), so a peak measured next is not the leftovers of a bulk load."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def clear_peak_rss() -> None:
     """Start this process's peak RSS (VmHWM) afresh from its current RSS (Linux 4.0+)."""
     Path("/proc/self/clear_refs").write_text("5")

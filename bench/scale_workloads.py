@@ -4,7 +4,8 @@ Sizes come from the environment (``bench/run.py --w9-runs`` and so on set it):
 
 - ``BENCH_W9_RUNS`` (2,000), ``BENCH_W9_PROCESSES`` ("1,2,4");
 - ``BENCH_W10_RUNS`` (1,000,000 finished runs, five events each);
-- ``BENCH_W11_RUNS`` (1,000,000), ``BENCH_W11_BASELINE_S`` (30).
+- ``BENCH_W11_RUNS`` (1,000,000), ``BENCH_W11_BASELINE_S`` (30),
+  ``BENCH_W11_RETENTION_ARGS`` (more options of ``kumiflow_retention``: none).
 """
 
 from __future__ import annotations
@@ -261,6 +262,16 @@ def _poll_ms(repeat: int = 1000) -> float:
     return median(samples)
 
 
+def _server_side() -> dict[str, float] | None:
+    """PostgreSQL's own time and buffers for the poll: the server's part of it,
+    without the client's (which a busy machine blurs)."""
+    from django.db import connection
+
+    from bench.kumiflow_workloads import _server_side as measure
+
+    return measure() if connection.vendor == "postgresql" else None
+
+
 def _due(count: int) -> None:
     from kumiflow_django import start_workflow
     from kumiflow_django.models import WorkflowRun
@@ -281,8 +292,10 @@ def w10(db: str) -> dict[str, Any]:
     machine = machine_cpu()
     empty = {"w1": _w1_rate("empty"), "poll_0": _poll_ms()}
     busy_empty = _busy(machine, machine_cpu())
+    server = {"server_empty_0_due": _server_side()}
     _due(100)
     empty["poll_100"] = _poll_ms()
+    server["server_empty_100_due"] = _server_side()
     empty_pages = _render_ms()
     WorkflowRun.objects.filter(workflow="bench-w6").delete()
     rss_empty = proc_status(os.getpid())["VmHWM"]
@@ -295,11 +308,13 @@ def w10(db: str) -> dict[str, Any]:
     machine = machine_cpu()
     full = {"w1": _w1_rate("full"), "poll_0": _poll_ms()}
     busy_full = _busy(machine, machine_cpu())
+    server["server_history_0_due"] = _server_side()
     _due(100)
     full["poll_100"] = _poll_ms()
+    server["server_history_100_due"] = _server_side()
     full_pages = _render_ms()
     rss_full = proc_status(os.getpid())["VmHWM"]
-    result: dict[str, Any] = {
+    result: dict[str, Any] = {k: v for k, v in server.items() if v} | {
         "history_runs": loaded["runs"],
         "history_events": loaded["events"],
         "load_s": loaded["load_s"],
@@ -373,7 +388,10 @@ def w11(db: str) -> dict[str, Any]:
     busy_alone = _busy(machine, machine_cpu())
 
     log = Path(tempfile.mkstemp(prefix="w11-", suffix=".log")[1])
-    retention = _manage(url, "kumiflow_retention", "--finished-before", "P90D", "-v", "1", log=log)
+    extra = (os.environ.get("BENCH_W11_RETENTION_ARGS") or "").split()
+    retention = _manage(
+        url, "kumiflow_retention", "--finished-before", "P90D", "-v", "1", *extra, log=log
+    )
     peak = {"rss": 0.0}
 
     def finished(i: int) -> bool:
@@ -400,6 +418,7 @@ def w11(db: str) -> dict[str, Any]:
     connections.close_all()
     p99_alone, p99_during = percentile(alone, 99) or 0, percentile(during, 99) or 0
     return {
+        "retention_args": " ".join(extra),
         "history_runs": loaded["runs"],
         "history_events": loaded["events"],
         "retention_runs_deleted": runs,
