@@ -237,7 +237,7 @@ def test_an_archive_cut_short_restores_what_it_holds(history, tmp_path):
     assert report.archive is not None
     data = report.archive.read_bytes()
     cut = tmp_path / "cut.jsonl.gz"
-    cut.write_bytes(data[: len(data) - 20])  # the last batch was being written
+    cut.write_bytes(data[: len(data) - 200])  # the last batch was being written
     restored = Restore().restore([cut])
     assert 0 < restored.runs < 5
 
@@ -267,18 +267,21 @@ def test_the_lock_lets_one_process_in_and_frees_itself_when_it_expires(clock):
 
 @pytest.mark.django_db
 def test_a_process_that_lost_the_lock_deletes_nothing_more(history, monkeypatch):
-    real_renew, renewals = locks.renew, []
+    real_renew, renewals, left = locks.renew, [], []
+    going = WorkflowRun.objects.filter(id__in=history["going"])
 
     def taken_over_after_the_first_batch(name, owner, seconds):
         renewals.append(owner)
         if len(renewals) == 2:  # its lease ran out between two batches; another took it
+            left.append(going.count())
             return False  # what renew() says then (test_the_lock_lets_one_process_in...)
         return real_renew(name, owner, seconds)
 
     monkeypatch.setattr(locks, "renew", taken_over_after_the_first_batch)
     with pytest.raises(LockLost):
         Retention(history["cutoff"], batch_size=1, owner="slow").run()
-    assert WorkflowRun.objects.filter(id__in=history["going"]).count() == 4, "one batch, no more"
+    assert left[0] >= 4, "one batch of one run at most"
+    assert going.count() == left[0], "nothing deleted after the lock was lost"
 
 
 @pytest.mark.django_db(transaction=True)
