@@ -53,7 +53,7 @@ serve: venv
 # BENCH_ARGS="--peer dbos" adds DBOS Transact (installed into .venv on demand).
 BENCH_ARGS ?=
 bench: venv
-	$(PY) -m pip install --quiet --group postgres --group test $(if $(findstring dbos,$(BENCH_ARGS)),--group bench,)
+	$(PY) -m pip install --quiet --group postgres --group mysql --group test $(if $(findstring dbos,$(BENCH_ARGS)),--group bench,)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:

@@ -39,12 +39,27 @@ def fresh_sqlite(filename: str) -> Path:
     return path
 
 
+def recreate_mariadb_database(name: str) -> None:
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    finally:
+        conn.close()
+
+
 def database_url(db: str, name: str) -> str:
     """A fresh database for one workload (``BENCH_DB_PREFIX`` keeps benchmarks
     that share a PostgreSQL server apart)."""
     name = os.environ.get("BENCH_DB_PREFIX", "") + name
     if db == "sqlite":
         return f"sqlite:///{fresh_sqlite(name + '.sqlite3')}"
+    if db == "mysql":
+        recreate_mariadb_database(name)
+        return f"mysql://root@127.0.0.1:3306/{name}"
     recreate_pg_database(name)
     return pg_url(name)
 
@@ -86,6 +101,54 @@ def proc_status(pid: int) -> dict[str, float]:
         elif key == "Threads":
             values[key] = int(rest)
     return values
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all CPUs."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+def database_pids(vendor: str, name: str) -> list[int]:
+    """The server processes doing this database's work: PostgreSQL's backends
+    connected to it; MariaDB's one server process (shared by every database)."""
+    if vendor == "postgresql":
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [name])
+            return [int(pid) for (pid,) in rows]
+    if vendor == "mysql":
+        out = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+        return [
+            int(p.name)
+            for p in out
+            if (p / "comm").exists() and (p / "comm").read_text().strip() == "mariadbd"
+        ]
+    return []
+
+
+def release_freed_memory() -> None:
+    """Give memory this process freed back to the system (glibc keeps it
+    otherwise), so a peak measured next is not the leftovers of a bulk load."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def clear_peak_rss() -> None:
+    """Start this process's peak RSS (VmHWM) afresh from its current RSS (Linux 4.0+)."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -219,11 +219,21 @@ def w5(db: str) -> dict[str, Any]:
     assert first.stdout is not None
     while first.stdout.readline().strip() not in ("started", ""):
         pass  # until "started": all 200 are recorded before the kill
+    import psycopg
+
+    def succeeded() -> int:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
+            ).fetchone()
+            return int(row[0]) if row else 0
+
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(receiver.keys) < 100:
-        time.sleep(0.05)  # mid-way: about half of the webhooks delivered
+    while time.monotonic() < deadline and succeeded() < 100:
+        time.sleep(0.002)  # mid-way: the kill lands when half the workflows are done
     first.send_signal(signal.SIGKILL)
     first.wait()
+    at_kill = succeeded()
     second = subprocess.run(
         [*script, "recover"], env=env, cwd=ROOT, timeout=300, capture_output=True, text=True
     )
@@ -233,6 +243,8 @@ def w5(db: str) -> dict[str, Any]:
     counts = Counter(lines)
     completed = int(second.stdout.strip().splitlines()[-1]) if second.returncode == 0 else 0
     return {
+        "completed_when_killed": at_kill,
+        "done_when_killed": round(at_kill / 200, 2),
         "runs_completed": completed,
         "runs_lost": 200 - completed,
         "side_effects_repeated": sum(1 for c in counts.values() if c > 1),
@@ -327,4 +339,98 @@ def w8(db: str) -> dict[str, Any]:
     return {"completed": count == 1000, "all_complete_s": round(wall, 3)}
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8}
+def _w9_drain(processes: int, n: int) -> dict[str, Any]:
+    from bench.common import cpu_seconds, database_pids, machine_cpu
+
+    name = f"dbos_bench_w9_{processes}"
+    url = system_url("postgresql", name)
+    effects = RESULTS / f"dbos_w9_effects_{processes}.log"
+    effects.unlink(missing_ok=True)
+    env = {**os.environ, "DBOS_URL": url, "BENCH_EFFECTS": str(effects)}
+    script = [sys.executable, str(ROOT / "bench" / "dbos_w9_app.py")]
+    subprocess.run([*script, "enqueue", str(n)], env=env, cwd=ROOT, check=True, capture_output=True)
+    import psycopg
+
+    def succeeded() -> int:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+    machine = machine_cpu()
+    workers = [
+        subprocess.Popen([*script, "work"], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    try:
+        assert workers[0].stdout is not None
+        while workers[0].stdout.readline().strip() not in ("ready", ""):
+            pass  # the first executor is up: it dequeues from now on
+        began = time.perf_counter()
+        server_before = {pid: cpu_seconds(pid) for pid in database_pids("postgresql", name)}
+        workers_before = sum(cpu_seconds(w.pid) for w in workers)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and succeeded() < n:
+            time.sleep(0.1)
+        seconds = time.perf_counter() - began
+        worker_cpu = sum(cpu_seconds(w.pid) for w in workers) - workers_before
+        db_cpu = 0.0
+        for pid in database_pids("postgresql", name):
+            try:
+                db_cpu += cpu_seconds(pid) - server_before.get(pid, 0.0)
+            except OSError:
+                pass
+        busy, total = machine_cpu()
+        rss = max(proc_status(w.pid)["VmHWM"] for w in workers)
+        done = succeeded()
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    from collections import Counter
+
+    counts = Counter(effects.read_text().splitlines()) if effects.exists() else Counter()
+    return {
+        "runs_per_s": round(n / seconds, 1),
+        "drain_s": round(seconds, 2),
+        "completed": done == n,
+        "exactly_once": len(counts) == 3 * n and set(counts.values()) == {1},
+        "worker_cpu_s": round(worker_cpu, 1),
+        "database_cpu_s": round(db_cpu, 1),
+        "machine_busy": round((busy - machine[0]) / max(total - machine[1], 1e-9), 2),
+        "worker_peak_rss_mb": round(rss, 1),
+    }
+
+
+def w9(db: str) -> dict[str, Any]:
+    """The same 2,000 workflows on a DBOS queue, drained by 1, 2 and 4 executor
+    processes (DBOS's way of sharing work between processes)."""
+    if db != "postgresql":
+        return {"skipped": "DBOS runs on PostgreSQL and SQLite, not MariaDB"}
+    n = int(os.environ.get("BENCH_W9_RUNS") or 2000)
+    counts = [int(x) for x in (os.environ.get("BENCH_W9_PROCESSES") or "1,2,4").split(",")]
+    result: dict[str, Any] = {"runs": n, "cpus": os.cpu_count()}
+    for processes in counts:
+        for key, value in _w9_drain(processes, n).items():
+            result[f"{key}_{processes}p"] = value
+    one = result.get("runs_per_s_1p")
+    if one:
+        for processes in counts[1:]:
+            result[f"speedup_{processes}p"] = round(result[f"runs_per_s_{processes}p"] / one, 2)
+    result["exactly_once"] = all(result[f"exactly_once_{p}p"] for p in counts)
+    result["worker_peak_rss_mb"] = max(result[f"worker_peak_rss_mb_{p}p"] for p in counts)
+    return result
+
+
+WORKLOADS = {
+    "W1": w1,
+    "W2": w2,
+    "W3": w3,
+    "W4": w4,
+    "W5": w5,
+    "W6": w6,
+    "W7": w7,
+    "W8": w8,
+    "W9": w9,
+}

@@ -14,13 +14,16 @@ from typing import Any
 from bench.common import (
     ROOT,
     Receiver,
+    clear_peak_rss,
     database_url,
     idle_scale,
     median,
     percentile,
     proc_status,
+    release_freed_memory,
     setup_django,
 )
+from bench.scale_workloads import WORKLOADS as SCALE_WORKLOADS
 
 
 def _spawn_worker(
@@ -50,12 +53,12 @@ def _spawn_worker(
     )
 
 
-def _wait(condition: Any, timeout: float) -> bool:
+def _wait(condition: Any, timeout: float, poll: float = 0.01) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return True
-        time.sleep(0.01)
+        time.sleep(poll)
     return False
 
 
@@ -138,6 +141,7 @@ def w1_observed(db: str) -> dict[str, Any]:
 
 def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
     setup_django(database_url(db, name))
+    clear_peak_rss()  # the engine runs in this process: its peak from here on
     from django.db import transaction
 
     from kumiflow_django import append_event
@@ -161,13 +165,41 @@ def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
         with transaction.atomic():
             Tally.objects.create(key=f"raw-{i}")
     raw = n / (time.perf_counter() - start)
+    driver = _driver_inserts_per_s(n)
     rate = n / elapsed
     return {
+        "worker_peak_rss_mb": _own_peak_mb(),
         "workflows_per_s": round(rate, 1),
         "cpu_ms_per_workflow": round(cpu / n * 1000, 3),
         "raw_inserts_per_s": round(raw, 1),
         "ratio_to_raw_inserts": round(rate / raw, 3),
+        "driver_inserts_per_s": round(driver, 1),
+        "ratio_to_driver_inserts": round(rate / driver, 3),
     }
+
+
+def _driver_inserts_per_s(n: int) -> float:
+    """The physical floor: one single-row insert and commit at a time through
+    the database driver itself (no Django), on the connection Django opened."""
+    from django.db import connection
+
+    from testproject.shop.models import Tally
+
+    connection.ensure_connection()
+    raw = connection.connection
+    table = Tally._meta.db_table
+    placeholder = "?" if connection.vendor == "sqlite" else "%s"
+    sql = f"INSERT INTO {table} (key, count) VALUES ({placeholder}, 0)"  # noqa: S608
+    if connection.vendor == "mysql":
+        sql = sql.replace("(key,", "(`key`,")
+    cursor = raw.cursor()
+    start = time.perf_counter()
+    for i in range(n):
+        if connection.vendor == "sqlite":
+            cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute(sql, (f"driver-{i}",))
+        raw.commit()
+    return n / (time.perf_counter() - start)
 
 
 def w2(db: str) -> dict[str, Any]:
@@ -186,6 +218,7 @@ def w2(db: str) -> dict[str, Any]:
             start_workflow("bench-w2")
         done = _wait(lambda: WorkflowRun.objects.filter(status="completed").count() == n, 120)
         wall = time.perf_counter() - start
+        rss = proc_status(worker.pid)["VmHWM"]
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
@@ -202,12 +235,14 @@ def w2(db: str) -> dict[str, Any]:
         "wall_minus_sleep_s": round(wall - 2.0, 3),
         "lateness_p50_ms": round(percentile(lateness, 50) or 0, 1),
         "lateness_p99_ms": round(percentile(lateness, 99) or 0, 1),
+        "worker_peak_rss_mb": round(rss, 1),
     }
 
 
 def w3(db: str) -> dict[str, Any]:
     """500 workflows each waiting for its own event; then the 500 events."""
     setup_django(database_url(db, "kumiflow_bench_w3"))
+    clear_peak_rss()
     from django.db import transaction
 
     from kumiflow_django import append_event
@@ -227,6 +262,7 @@ def w3(db: str) -> dict[str, Any]:
     done = _wait(lambda: WorkflowRun.objects.filter(status="completed").count() == n, 60)
     total = time.perf_counter() - first
     return {
+        "worker_peak_rss_mb": _own_peak_mb(),
         "completed": done,
         "all_complete_s": round(total, 3),
         "latency_p50_ms": round(percentile(latencies, 50) or 0, 2),
@@ -309,22 +345,31 @@ def w4(db: str) -> dict[str, Any]:
     past = datetime.now(UTC) - timedelta(minutes=1)
     pg = connection.vendor == "postgresql"
     server: dict[str, Any] = {}
+    clear_peak_rss()
     empty_0 = _poll_ms()
     if pg:
         server["server_empty_0_due"] = _server_side()
     _runs(100, status="waiting", wake_at=past)
     empty_100 = _poll_ms()
+    peak = _own_peak_mb()
     WorkflowRun.objects.all().delete()
     _runs(100_000, status="completed", wake_at=None)
     if pg:
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE kumiflow_workflowrun")
+    loaded_peak = _own_peak_mb()
+    release_freed_memory()  # the 100,000 rows this process loaded are not the poll's
+    clear_peak_rss()
     full_0 = _poll_ms()
     if pg:
         server["server_finished_100k_0_due"] = _server_side()
     _runs(100, status="waiting", wake_at=past)
     full_100 = _poll_ms()
     return server | {
+        # The poll runs in this process: its peak while polling; and the peak
+        # of the whole process, which loaded 100,000 rows through the ORM.
+        "worker_peak_rss_mb": max(peak, _own_peak_mb()),
+        "process_peak_rss_mb": max(peak, loaded_peak),
         "empty_0_due_ms": round(empty_0, 3),
         "empty_100_due_ms": round(empty_100, 3),
         "finished_100k_0_due_ms": round(full_0, 3),
@@ -354,8 +399,10 @@ def w5(db: str) -> dict[str, Any]:
             append_event(f"w5-{i}", "bench.w5", {"n": i})
     completed = WorkflowRun.objects.filter(status="completed")
     first = _spawn_worker(url, env)
-    # Mid-way: about half of the webhooks delivered, the rest in flight or to come.
-    _wait(lambda: len(receiver.keys) >= n // 2, 120)
+    # Mid-way: the kill lands when half the runs are done (the JSON says how
+    # many were); the others are asleep, mid-segment or not yet started.
+    _wait(lambda: completed.count() >= n // 2, 120, poll=0.002)
+    rss = proc_status(first.pid)["VmHWM"]
     first.send_signal(signal.SIGKILL)
     first.wait()
     at_kill = completed.count()
@@ -366,12 +413,14 @@ def w5(db: str) -> dict[str, Any]:
         ),
         180,
     )
+    rss = max(rss, proc_status(second.pid)["VmHWM"])
     second.send_signal(signal.SIGTERM)
     second.wait(60)
     counts = list(Tally.objects.values_list("count", flat=True))
     keys = receiver.keys
     return {
         "completed_when_killed": at_kill,
+        "done_when_killed": round(at_kill / n, 2),
         "runs_completed": completed.count(),
         "runs_lost": n - completed.count(),
         "side_effects_repeated": sum(1 for c in counts if c > 1),
@@ -380,6 +429,7 @@ def w5(db: str) -> dict[str, Any]:
         "deliveries_repeated": sum(1 for c in keys.values() if c > 1),
         "deliveries_max_per_key": max(keys.values(), default=0),
         "finished_in_time": finished,
+        "worker_peak_rss_mb": round(rss, 1),
     }
 
 
@@ -407,7 +457,11 @@ def w6(db: str) -> dict[str, Any]:
     small = _sleeping(url, 200)
     WorkflowRun.objects.all().delete()
     large = _sleeping(url, 20_000)
-    return idle_scale(small, large)
+    return idle_scale(small, large) | {"worker_peak_rss_mb": round(large["VmHWM"], 1)}
+
+
+def _own_peak_mb() -> float:
+    return round(proc_status(os.getpid())["VmHWM"], 1)
 
 
 class _LongestTransaction:
@@ -680,4 +734,5 @@ WORKLOADS = {
     "W7": w7,
     "W8": w8,
     "W12": w12,
+    **SCALE_WORKLOADS,
 }

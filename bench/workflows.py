@@ -1,4 +1,4 @@
-"""The benchmark's workflows (W1-W8), registered like any app's."""
+"""The benchmark's workflows (W1-W11), registered like any app's."""
 
 from __future__ import annotations
 
@@ -83,4 +83,25 @@ w8 = define_workflow(
         ),
         s.return_(lambda ctx: len(ctx.steps["children"])),
     ],
+)
+# W9: three segments, each with a side effect counted in the database; the
+# waits of 1 ms are due at once (a wait of zero does not suspend at all).
+w9 = define_workflow(
+    "bench-w9",
+    start_mode="deferred",
+    steps=[
+        s.call(None, "shop.count", lambda ctx: {"key": f"{ctx.run.id}:1"}),
+        s.wait("PT0.001S"),
+        s.call(None, "shop.count", lambda ctx: {"key": f"{ctx.run.id}:2"}),
+        s.wait("PT0.001S"),
+        s.call(None, "shop.count", lambda ctx: {"key": f"{ctx.run.id}:3"}),
+    ],
+)
+
+# W10/W11: the template of the history loaded in bulk: a trigger event and
+# four run events (started, waiting, resumed, completed) per run.
+w10 = define_workflow(
+    "bench-w10",
+    trigger=on_event("bench.w10"),
+    steps=[s.compute("before", _inc), s.wait("PT1M"), s.compute("after", _inc)],
 )

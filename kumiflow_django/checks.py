@@ -154,6 +154,11 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         lambda v: v is None or isinstance(v, bool),
         "None, True or False",
     ),
+    "LISTEN_DATABASE": (
+        "kumiflow.E028",
+        lambda v: v is None or (isinstance(v, str) and v in django_settings.DATABASES),
+        "None or an alias of DATABASES",
+    ),
 }
 
 

@@ -37,6 +37,9 @@ class KumiflowSettings:
     #: another worker takes it over; also the database's idle-in-transaction limit
     #: of worker connections on PostgreSQL and MariaDB.
     LEASE_SECONDS: float = 60.0
+    #: The ``DATABASES`` alias of the worker's one LISTEN connection (PostgreSQL),
+    #: when ``DATABASE`` goes through a transaction-pooling PgBouncer; None: ``DATABASE``.
+    LISTEN_DATABASE: str | None = None
     #: Default retry policy of outbox deliveries.
     DISPATCH_RETRY: Mapping[str, Any] = MappingProxyType(
         {"attempts": 8, "backoff": "exponential", "base": 10.0, "max_delay": 3600.0, "jitter": 0.1}

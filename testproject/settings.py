@@ -117,6 +117,12 @@ DATABASES["workflows"] = {
 if _db["ENGINE"] == "django.db.backends.sqlite3" and _db["NAME"] != ":memory:":
     DATABASES["workflows"]["TEST"] = {"NAME": str(BASE_DIR / "test_workflows.sqlite3")}
 
+# The worker's LISTEN connection through another alias (tests/test_listen.py:
+# the loops go through a transaction-pooling PgBouncer, LISTEN does not).
+if env.str("LISTEN_DATABASE_URL", default=""):
+    DATABASES["listen"] = env.db("LISTEN_DATABASE_URL")
+    KUMIFLOW_LISTEN_DATABASE = "listen"
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

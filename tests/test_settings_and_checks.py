@@ -47,6 +47,7 @@ def test_the_default_configuration_passes_the_checks():
         ("ADMIN_PAYLOAD_CHARS", 0, "kumiflow.E012"),
         ("CRON_MISFIRE_GRACE", 0, "kumiflow.E013"),
         ("RESUME_THREADS", 0, "kumiflow.E017"),
+        ("LISTEN_DATABASE", "no-such-alias", "kumiflow.E028"),
     ],
 )
 def test_each_bad_setting_has_its_own_error(name, value, check_id):

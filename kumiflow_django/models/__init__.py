@@ -3,7 +3,8 @@
 Each model lives in the room of its concept: the event log in
 :mod:`kumiflow_django.store.models`, the projections beside their folds in
 :mod:`kumiflow_django.projections`, the definitions runs started on in
-:mod:`kumiflow_django.definition.snapshots`.
+:mod:`kumiflow_django.definition.snapshots`, the lock rows in
+:mod:`kumiflow_django.store.locks`.
 """
 
 from kumiflow_django.definition.snapshots import DefinitionSnapshot
@@ -13,6 +14,7 @@ from kumiflow_django.projections.runs import Compensation, RunStatus, WorkflowRu
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.projections.waits import RunWait
+from kumiflow_django.store.locks import ProcessLock
 from kumiflow_django.store.models import Event
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "Dispatch",
     "DispatchStatus",
     "Event",
+    "ProcessLock",
     "RunStatus",
     "RunWait",
     "StepTask",

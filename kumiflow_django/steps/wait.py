@@ -23,8 +23,10 @@ class WaitKind(StepKind):
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         if resume is not None:
             return None  # the timer is over
-        wake_at = to_deadline(resolve(step.args["until"], ctx), ctx.now)
-        if wake_at <= ctx.now:
+        until = resolve(step.args["until"], ctx)
+        now = ctx.now  # read once: a duration from now is never "in the past"
+        wake_at = to_deadline(until, now)
+        if wake_at <= now:
             return None  # an instant in the past: nothing to wait for
         raise Suspend(TimerWait(wake_at), path)
 
