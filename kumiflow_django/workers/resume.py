@@ -30,7 +30,7 @@ from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import clock, db
-from kumiflow_django.store.db import is_transient
+from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
@@ -124,8 +124,45 @@ class ResumeLoop(Loop):
             lease_owner="", lease_until=None
         )
 
+    def _claim_next(self, now: datetime, limit: int) -> list[Claimed]:
+        """Lease up to ``limit`` due runs that no worker holds, in one short
+        transaction. Rows another worker is leasing at this moment are skipped
+        (``SKIP LOCKED``): workers take disjoint runs instead of all reading the
+        same earliest ones and contending for them."""
+        # Not "or leased by this worker": the threads of one worker share its
+        # id, and one would take the runs another has just leased.
+        free = Q(lease_owner="") | Q(lease_until__lt=now)
+        lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
+        with db.atomic():
+            due = WorkflowRun.objects.due(now).filter(free).order_by("wake_at")
+            rows = [
+                Due(*row)
+                for row in for_update(due, skip_locked=True).values_list(
+                    "id", "version", "lease_owner", "lease_until"
+                )[:limit]
+            ]
+            if not rows:
+                return []
+            WorkflowRun.objects.filter(pk__in=[row.id for row in rows]).update(
+                lease_owner=self.worker_id, lease_until=lease_until
+            )
+        claimed = []
+        for row in rows:
+            recovered = None
+            if row.lease_owner and row.lease_owner != self.worker_id:
+                until = row.lease_until
+                recovered = {
+                    "from": row.lease_owner,
+                    "lease_until": isoformat(until) if until else None,
+                }
+            claimed.append(Claimed(row.id, row.version, recovered))
+        return claimed
+
     def run_once(self) -> int:
         now = clock.now()
+        # Threads lease disjoint runs (skip-locked) where the database can.
+        if self._parallel() and db.connection().features.has_select_for_update_skip_locked:
+            return self._run_parallel(now)
         due = due_runs(now, self.batch_size)
         chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
         if not self._parallel() or len(chunks) < 2:
@@ -135,17 +172,53 @@ class ResumeLoop(Loop):
         return sum(self._pool.map(self._work_in_thread, chunks, [now] * len(chunks)))
 
     def _work_in_thread(self, chunk: list[Due], now: datetime) -> int:
-        # Each pool thread keeps its own connection; drop it if it broke.
+        self._fresh_connection()
+        return self._work(chunk, now)
+
+    def _run_parallel(self, now: datetime) -> int:
+        """Each thread leases a few due runs at a time (skip-locked) and resumes
+        them, until the batch is used up or nothing is due: the last of 500 due
+        runs waits for a tenth of them per thread, not for the whole batch."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
+        budget = [self.batch_size]
+        lock = threading.Lock()
+
+        def take() -> int:
+            with lock:
+                n = min(CLAIM_CHUNK, budget[0])
+                budget[0] -= n
+                return n
+
+        def drain() -> int:
+            self._fresh_connection()
+            done = 0
+            while not self.stopping:
+                n = take()
+                if n <= 0:
+                    break
+                claimed = self._claim_next(now, n)
+                if not claimed:
+                    break
+                done += self._resume_claimed(claimed)
+            return done
+
+        return sum(f.result() for f in [self._pool.submit(drain) for _ in range(self.threads)])
+
+    def _fresh_connection(self) -> None:
+        """Each pool thread keeps its own connection; drop it if it broke."""
         connection = db.connection()
         broken = connection.connection is not None and connection.errors_occurred
         if broken and not connection.is_usable():
             connection.close()
-        return self._work(chunk, now)
 
     def _work(self, chunk: list[Due], now: datetime) -> int:
         """Lease a chunk of due runs and resume them one after the other."""
+        return self._resume_claimed(self._claim(chunk, now))
+
+    def _resume_claimed(self, claimed: list[Claimed]) -> int:
         resumed = 0
-        for run_id, version, recovered in self._claim(chunk, now):
+        for run_id, version, recovered in claimed:
             if self.stopping:
                 self._release(run_id)
                 continue
