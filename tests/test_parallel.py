@@ -267,6 +267,8 @@ def test_branches_wake_through_the_resume_loop_in_worker_mode(registry, clock):
     checkout()
     run = start_workflow("checkout", payload={"order": 7})
     pay(7)
+    # Matched, due for the resume loop: the other branch's wait is still indexed.
+    assert RunWait.objects.filter(run_id=run.id, event_type="carrier.booked").exists()
     book(7)
     assert reload(run).status == RunStatus.WAITING
     run_until_idle()

@@ -121,10 +121,13 @@ class Segment:
         announce its events; after commit, the loops learn of the new work."""
         write([self.run, *self.dispatches, *self.tasks, *self.children])
         row = self.row
-        if self.had_waits or row.branch_waits:
-            last = self.run.events[-1] if self.run.events else None
-            waits = waits_of(last) if last is not None else []
-            sync_waits(row.id, row.tenant_id, waits, had=self.had_waits)
+        last = self.run.events[-1] if self.run.events else None
+        if last is not None and (self.had_waits or row.branch_waits):
+            if last.type in (ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED):
+                sync_waits(row.id, row.tenant_id, waits_of(last), had=self.had_waits)
+            elif not row.branch_waits:  # it no longer waits in branches
+                sync_waits(row.id, row.tenant_id, [], had=True)
+            # else: still waiting there (an event matched, a child ended): as it was
         if self.cancellations:
             children.cancel(row, self.cancellations)
         ended = row.status in FINISHED and not self.was_finished
