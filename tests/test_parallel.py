@@ -391,3 +391,51 @@ def test_the_branches_picture_in_the_run_events(registry, clock):
     checkout()
     run = start_workflow("checkout", payload={"order": 7})
     assert types(run) == ["run-started", "step.waiting-branches"]
+
+
+@pytest.mark.parametrize(
+    "build, why",
+    [
+        (lambda: s.parallel("p", {}), "needs at least one branch"),
+        (lambda: s.parallel("p", {"not a name": [s.wait("PT1M")]}), "must be an identifier"),
+        (lambda: s.parallel("p", {"a": []}), "branch 'a' has no steps"),
+        (lambda: s.parallel("", {"a": [s.wait("PT1M")]}), "needs a name"),
+        (lambda: s.parallel("p", {"a": [s.wait("PT1M")]}, join=2), "more than the 1 branches"),
+        (lambda: s.parallel("p", {"a": [s.wait("PT1M")]}, join=0), "join must be"),
+        (lambda: s.parallel("p", {"a": [s.wait("PT1M")]}, join="most"), "join must be"),
+        (
+            lambda: s.parallel(
+                "p", {"a": [s.compute("x", lambda c: 1)], "b": [s.compute("x", lambda c: 2)]}
+            ),
+            "two steps store their result as 'x'",
+        ),
+        (
+            lambda: s.for_each(lambda c: [1], "i", do=[s.wait("PT1M")], parallel=True),
+            "needs a name",
+        ),
+        (
+            lambda: s.for_each(
+                lambda c: [1], "i", do=[s.wait("PT1M")], parallel=True, max_concurrency=0, name="n"
+            ),
+            "max_concurrency must be a number of at least 1",
+        ),
+        (
+            lambda: s.for_each(lambda c: [1], "i", do=[s.wait("PT1M")], max_concurrency=3),
+            "max_concurrency needs parallel=True",
+        ),
+        (
+            lambda: s.parallel("p", {"a": [s.return_(1)]}),
+            "return is only allowed at the top level",
+        ),
+    ],
+)
+def test_bad_parallel_steps_are_refused_at_definition(registry, build, why):
+    from kumiflow_django.store.errors import WorkflowDefinitionError
+
+    with pytest.raises(WorkflowDefinitionError, match=why):
+        define_workflow("bad", steps=[build()])
+
+
+def test_a_branch_named_like_a_reserved_label_is_refused():
+    with pytest.raises(ValueError, match="cannot name a branch"):
+        s.parallel("p", {"compensate": [s.wait("PT1M")]})
