@@ -130,8 +130,11 @@ class LoopCommand(BaseCommand):
             batch_size or settings.RESUME_BATCH_SIZE, max_interval or settings.MAX_INTERVAL
         )
         if once:
-            handled = loop.run_once()
-            loop.drain()
+            try:
+                handled = loop.run_once()
+                loop.drain()
+            finally:
+                loop.close()
             logger.info("%s: %d handled", loop.name, handled)
             return
         try:

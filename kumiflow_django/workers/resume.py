@@ -178,10 +178,17 @@ class ResumeLoop(Loop):
     def _run_parallel(self, now: datetime) -> int:
         """Each thread leases a few due runs at a time (skip-locked) and resumes
         them, until the batch is used up or nothing is due: the last of 500 due
-        runs waits for a tenth of them per thread, not for the whole batch."""
+        runs waits for a tenth of them per thread, not for the whole batch.
+
+        The first few are leased here: only when there are more than that does
+        the pool start (a poll that finds little to do opens no connections)."""
+        first = self._claim_next(now, min(CLAIM_CHUNK, self.batch_size))
+        done = self._resume_claimed(first)
+        if len(first) < CLAIM_CHUNK or self.stopping:
+            return done
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
-        budget = [self.batch_size]
+        budget = [self.batch_size - len(first)]
         lock = threading.Lock()
 
         def take() -> int:
@@ -203,7 +210,8 @@ class ResumeLoop(Loop):
                 done += self._resume_claimed(claimed)
             return done
 
-        return sum(f.result() for f in [self._pool.submit(drain) for _ in range(self.threads)])
+        drains = [self._pool.submit(drain) for _ in range(self.threads)]
+        return done + sum(f.result() for f in drains)
 
     def _fresh_connection(self) -> None:
         """Each pool thread keeps its own connection; drop it if it broke."""

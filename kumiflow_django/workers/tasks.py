@@ -105,6 +105,7 @@ class TaskLoop(Loop):
         self._stalled = False
         self._sweep_stalled = False
         self._warned_at = float("-inf")
+        self._threads: list[threading.Thread] = []
 
     @property
     def threads(self) -> int:
@@ -220,6 +221,7 @@ class TaskLoop(Loop):
                 self._pool.threads += 1
         if spawn:
             thread = threading.Thread(target=self._serve, name="kumiflow-task", daemon=True)
+            self._threads.append(thread)
             thread.start()
         self._work.put(inflight)
 
@@ -334,3 +336,8 @@ class TaskLoop(Loop):
             threads = self._pool.threads
         for _ in range(threads):
             self._work.put(None)
+        # The idle threads end now and close their connections; an abandoned
+        # one (still in its function) is left to end when it does.
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = [t for t in self._threads if t.is_alive()]

@@ -75,11 +75,15 @@ class Worker:
         self.crashed = False
 
     def run_once(self) -> dict[str, int]:
-        """One batch of each loop; the task attempts it started have ended when it returns."""
+        """One batch of each loop; the task attempts it started have ended, and the
+        loops' threads (with their connections) are gone, when it returns."""
         handled = {}
         for loop in self.loops:
-            handled[loop.name] = loop.run_once()
-            loop.drain()
+            try:
+                handled[loop.name] = loop.run_once()
+                loop.drain()
+            finally:
+                loop.close()
         return handled
 
     def stop(self) -> None:

@@ -57,9 +57,9 @@ class Server:
         if self.proc.poll() is not None:
             raise AssertionError(f"uvicorn exited:\n{self.log()}")
         try:
-            return requests.get(self.url("openapi.json"), timeout=2).status_code == 200
-        except requests.ConnectionError:
-            return False
+            return requests.get(self.url("openapi.json"), timeout=5).status_code == 200
+        except (requests.ConnectionError, requests.Timeout):
+            return False  # not listening yet, or its first answer is slow (a busy machine)
 
     def url(self, path: str) -> str:
         return f"{self.base}/api/kumiflow/{path}"
