@@ -61,6 +61,10 @@ _EXPORTS: dict[str, str] = {
     "handler": "kumiflow_django.steps.call",
     "register_step_kind": "kumiflow_django.definition.step",
     "StepKind": "kumiflow_django.definition.step",
+    # flow control
+    "Limit": "kumiflow_django.definition.flow",
+    "Rate": "kumiflow_django.definition.flow",
+    "set_flow_limit": "kumiflow_django.flow.limits",
     # task steps
     "current_task": "kumiflow_django.tasks.context",
     "TaskContext": "kumiflow_django.tasks.context",
@@ -115,6 +119,9 @@ __all__ = [
     "handler",
     "register_step_kind",
     "StepKind",
+    "Limit",
+    "Rate",
+    "set_flow_limit",
     "current_task",
     "TaskContext",
     "TaskFailed",

@@ -31,6 +31,10 @@ class KumiflowSettings:
     #: Threads (each with its own connection) that resume runs in one worker;
     #: 1 on SQLite whatever this says.
     RESUME_THREADS: int = 4
+    #: Fair share of the due claim between tenants: tenant -> weight (1 to 100;
+    #: tenants not named weigh 1). A tenant of weight 3 gets three runs into a
+    #: batch for each run of a tenant of weight 1, when both have runs due.
+    TENANT_WEIGHTS: Mapping[str, int] = MappingProxyType({})
     #: Longest sleep of a loop between two polls, in seconds.
     MAX_INTERVAL: float = 5.0
     #: Seconds a worker may hold a run's segment (and a dispatch's delivery) before

@@ -107,6 +107,8 @@ class TaskRequest:
     retry: dict[str, Any]
     non_retryable: tuple[str, ...]
     problem: str | None = None
+    #: Flow control of its attempts: {"scope", "key", "max"} and/or {"rate": {...}}.
+    flow: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

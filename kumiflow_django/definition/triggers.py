@@ -12,12 +12,14 @@ from __future__ import annotations
 import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol
 
 from croniter import croniter
 
+from kumiflow_django.definition.durations import parse_duration
 from kumiflow_django.definition.fingerprint import callable_digest
+from kumiflow_django.definition.flow import check_key
 from kumiflow_django.definition.step import check_resolver
 from kumiflow_django.store import clock, limits
 from kumiflow_django.store.names import CRON_STREAM_PREFIX
@@ -38,10 +40,21 @@ class Trigger(Protocol):
 
 @dataclass(frozen=True)
 class EventTrigger:
-    """Start a run when an event of ``event_type`` is appended (and ``filter(event)``)."""
+    """Start a run when an event of ``event_type`` is appended (and ``filter(event)``).
+
+    ``debounce`` starts one run with the last event of a burst of a ``key``
+    once the key has been quiet that long (``max_wait`` bounds a burst that
+    never ends); ``throttle`` starts at most one run per key per period and
+    records the events it skipped. Neither is part of the fingerprint: they
+    change when runs start, not what runs.
+    """
 
     event_type: str
     filter: Callable[[Any], bool] | None = None
+    key: str | Callable[[Any], Any] | None = None
+    debounce: str | None = None
+    max_wait: str | None = None
+    throttle: str | None = None
 
     def validate(self) -> None:
         if not isinstance(self.event_type, str) or not self.event_type.strip():
@@ -52,10 +65,45 @@ class EventTrigger:
             if not callable(self.filter):
                 raise ValueError("on_event filter must be a function of the event")
             check_resolver(self.filter, "on_event filter")
+        if self.debounce is not None and self.throttle is not None:
+            raise ValueError("on_event takes debounce= or throttle=, not both")
+        if self.max_wait is not None and self.debounce is None:
+            raise ValueError("on_event's max_wait= bounds a debounce: give debounce= too")
+        for what in ("debounce", "max_wait", "throttle"):
+            value = getattr(self, what)
+            if value is not None and _positive(value, what) is None:
+                raise ValueError(f"on_event's {what} must be a positive ISO 8601 duration")
+        if self.max_wait is not None and self.debounce is not None:
+            longest, shortest = _positive(self.max_wait, "max_wait"), _positive(self.debounce, "d")
+            if longest is not None and shortest is not None and longest < shortest:
+                raise ValueError("on_event's max_wait must not be shorter than its debounce")
+        if self.key is not None:
+            if self.debounce is None and self.throttle is None:
+                raise ValueError(
+                    "on_event's key= groups a debounce or a throttle: give one of them"
+                )
+            if callable(self.key) and not isinstance(self.key, type):
+                check_resolver(self.key, "on_event key")
+            else:
+                check_key(self.key, "on_event key")
+
+    @property
+    def grouped(self) -> bool:
+        return self.debounce is not None or self.throttle is not None
 
     def canonical(self) -> dict[str, Any]:
         filter_ = callable_digest(self.filter) if self.filter else None
         return {"kind": "event", "event_type": self.event_type, "filter": filter_}
+
+
+def _positive(value: Any, what: str) -> timedelta | None:
+    if not isinstance(value, str):
+        raise ValueError(f"on_event's {what} must be an ISO 8601 duration such as 'PT5M'")
+    try:
+        period = parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"on_event's {what}: {exc}") from None
+    return period if period > timedelta(0) else None
 
 
 @dataclass(frozen=True)
@@ -145,8 +193,19 @@ class ManualTrigger:
 TRIGGERS = (EventTrigger, CronTrigger, ManualTrigger)
 
 
-def on_event(event_type: str, filter: Callable[[Any], bool] | None = None) -> EventTrigger:  # noqa: A002
-    return EventTrigger(event_type, filter)
+def on_event(
+    event_type: str,
+    filter: Callable[[Any], bool] | None = None,  # noqa: A002
+    *,
+    key: str | Callable[[Any], Any] | None = None,
+    debounce: str | None = None,
+    max_wait: str | None = None,
+    throttle: str | None = None,
+) -> EventTrigger:
+    """Start a run for each appended event of ``event_type`` (that ``filter``
+    accepts); with ``debounce=`` or ``throttle=``, one per ``key`` (a string,
+    or a function of the event) and period. See docs/flow-control.md."""
+    return EventTrigger(event_type, filter, key, debounce, max_wait, throttle)
 
 
 def on_cron(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kumiflow_django.definition.fingerprint import UnstableValue, canonical_value, fingerprint
+from kumiflow_django.definition.flow import Limit, Rate, check_priority
 from kumiflow_django.definition.matching import check_path
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import (
@@ -44,6 +45,11 @@ class Workflow:
     #: key: a path into the trigger event (``payload.order_id``, ``stream_id``).
     #: Not part of the fingerprint: it changes what the console shows, not what runs.
     business_key: str | None = None
+    #: Flow control (``kumiflow_django.flow``): not in the fingerprint either,
+    #: so that an operator or a deploy can change a limit under running runs.
+    concurrency: Limit | None = None
+    rate: Rate | None = None
+    priority: int = 0
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
@@ -108,7 +114,9 @@ def _canonical_step(step: Step, where: str) -> dict[str, Any]:
         "kind": step.kind,
         "name": _canonical_value(step.name, f"{at}, name"),
         "args": {
-            k: _canonical_value(v, f"{at}, argument {k!r}") for k, v in sorted(step.args.items())
+            k: _canonical_value(v, f"{at}, argument {k!r}")
+            for k, v in sorted(step.args.items())
+            if k not in FLOW_ARGS
         },
         "children": {
             label: [_canonical_step(c, f"{where}.{label}.{i}") for i, c in enumerate(children)]
@@ -116,6 +124,10 @@ def _canonical_step(step: Step, where: str) -> dict[str, Any]:
         },
     }
 
+
+#: Step arguments of flow control: not in the fingerprint (a limit may change
+#: under running runs, and a definition without one keeps its fingerprint).
+FLOW_ARGS = frozenset({"concurrency", "rate"})
 
 #: Longest static step path (``0.do.2.then.1``): the outbox stores it.
 MAX_PATH_LENGTH = limits.STEP_PATH
@@ -202,6 +214,9 @@ def define_workflow(
     version: str | int | None = None,
     start_mode: str = "inline",
     business_key: str | None = None,
+    concurrency: Limit | None = None,
+    rate: Rate | None = None,
+    priority: int = 0,
     register: bool = True,
 ) -> Workflow:
     """Define (and register) a workflow.
@@ -212,6 +227,9 @@ def define_workflow(
     ``start_mode="deferred"`` records the run and lets a worker run it.
     ``business_key`` names the field of the trigger event the console shows
     for a run that has no idempotency key (``"payload.order_id"``).
+    ``concurrency=Limit(key=..., max=N)``, ``rate=Rate(key=..., limit=N,
+    per="PT1M")`` and ``priority`` (-100 to 100, higher first) are flow
+    control: see docs/flow-control.md.
     """
     if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
         raise WorkflowDefinitionError(
@@ -250,6 +268,7 @@ def define_workflow(
             check_path(business_key)
         except ValueError as exc:
             raise WorkflowDefinitionError(f"workflow {name!r}, business_key: {exc}") from exc
+    _check_flow(name, concurrency, rate, priority)
     if isinstance(steps, Step) or not isinstance(steps, Sequence):
         raise WorkflowDefinitionError(f"workflow {name!r}: steps must be a list of steps")
     step_tuple = tuple(steps)
@@ -262,6 +281,9 @@ def define_workflow(
         version=None if version is None else str(version),
         start_mode=start_mode,
         business_key=business_key,
+        concurrency=concurrency,
+        rate=rate,
+        priority=priority,
     )
     cycle = child_cycle(
         workflow, lambda other: registry.get(other) if registry.is_registered(other) else None
@@ -275,6 +297,23 @@ def define_workflow(
     if register:
         registry.register(workflow)
     return workflow
+
+
+def _check_flow(name: str, concurrency: Any, rate: Any, priority: Any) -> None:
+    try:
+        if concurrency is not None:
+            if not isinstance(concurrency, Limit):
+                raise ValueError(
+                    f"concurrency must be a Limit(key=..., max=...), not {concurrency!r}"
+                )
+            concurrency.validate("concurrency")
+        if rate is not None:
+            if not isinstance(rate, Rate):
+                raise ValueError(f"rate must be a Rate(key=..., limit=..., per=...), not {rate!r}")
+            rate.validate("rate")
+        check_priority(priority)
+    except ValueError as exc:
+        raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from exc
 
 
 def unconditional_children(steps: tuple[Step, ...]) -> list[str]:

@@ -47,10 +47,16 @@ async def astart_workflow(
     tenant: str | None = None,
     idempotency_key: str | None = None,
     version: str | None = None,
+    priority: int | None = None,
 ) -> WorkflowRun:
     """:func:`kumiflow_django.start_workflow`, awaitable."""
     return await sync_to_async(start_workflow, thread_sensitive=True)(
-        name, payload=payload, tenant=tenant, idempotency_key=idempotency_key, version=version
+        name,
+        payload=payload,
+        tenant=tenant,
+        idempotency_key=idempotency_key,
+        version=version,
+        priority=priority,
     )
 
 
@@ -65,6 +71,7 @@ async def aappend_event(
     metadata: Mapping[str, Any] | None = None,
     schema_version: int = 1,
     created_by: str = "",
+    priority: int | None = None,
 ) -> Event:
     """:func:`kumiflow_django.append_event`, awaitable."""
     return await sync_to_async(append_event, thread_sensitive=True)(
@@ -77,6 +84,7 @@ async def aappend_event(
         metadata=metadata,
         schema_version=schema_version,
         created_by=created_by,
+        priority=priority,
     )
 
 

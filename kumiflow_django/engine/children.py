@@ -31,6 +31,7 @@ from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Cancellation, ChildRequest
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.flow import gates
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RUNS, SUSPENDED, RunStatus, WorkflowRun
@@ -189,7 +190,10 @@ def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) 
             settle_parent(run)
         return
     for task in for_update(StepTask.objects.filter(run_id=run.id, status__in=OPEN_TASKS)):
-        append_task(task, ev.TASK_CANCELLED, {"reason": f"run {run.id} is {run.status}"})
+        cancelled_task = append_task(
+            task, ev.TASK_CANCELLED, {"reason": f"run {run.id} is {run.status}"}
+        )
+        gates.release_task(cancelled_task)  # a limited attempt's slot frees
     children = WorkflowRun.objects.filter(parent_id=run.id, cancel_with_parent=True).exclude(
         status__in=FINISHED
     )
@@ -269,7 +273,10 @@ def cancel(run: WorkflowRun, cancellations: list[Cancellation]) -> None:
         if item.what == "task":
             task = for_update(StepTask.objects.filter(pk=target, run_id=run.id)).first()
             if task is not None and task.status in OPEN_TASKS:
-                append_task(task, ev.TASK_CANCELLED, {"reason": "its branch was cancelled"})
+                cancelled_task = append_task(
+                    task, ev.TASK_CANCELLED, {"reason": "its branch was cancelled"}
+                )
+                gates.release_task(cancelled_task)
         elif item.what == "dispatch":
             dispatch = Dispatch.objects.filter(pk=target, run_id=run.id, status__in=DELIVERABLE)
             if dispatch.exists():

@@ -37,7 +37,7 @@ from kumiflow_django.definition.context import (
 from kumiflow_django.definition.matching import awaited_as, event_types_for
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import compensation
+from kumiflow_django.engine import admission, compensation
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute
 from kumiflow_django.engine.segment import Segment
@@ -101,6 +101,8 @@ def resume_run(
                 return None
         elif run.wake_at is None or run.wake_at > clock.now():
             return None
+        if run.status == RunStatus.QUEUED:
+            return _admitted(run, took_over)
         return opening(run, wake, took_over)
 
     updated = execute(prepare)
@@ -114,6 +116,19 @@ def resume_run(
             extra=run_log_fields(updated),
         )
     return updated
+
+
+def _admitted(run: WorkflowRun, recovered: dict[str, Any] | None) -> Prepared:
+    """A due queued run: its first segment if flow control admits it now, else
+    it is parked again (nothing is written to its stream)."""
+    workflow = _definition(run)
+    if isinstance(workflow, Failure):
+        return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
+    hold = admission.admit_queued(run, workflow)
+    if hold is not None:
+        admission.park(run, hold)
+        return None
+    return opening(run, None, recovered)
 
 
 def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
@@ -198,7 +213,7 @@ def _trigger(run: WorkflowRun) -> Trigger:
 
 
 def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
-    if run.status == RunStatus.PENDING:
+    if run.status in (RunStatus.PENDING, RunStatus.QUEUED):
         return Wake(WakeReason.START)
     if run.status == RunStatus.RETRY_SCHEDULED:
         return Wake(WakeReason.RETRY)
@@ -227,17 +242,21 @@ def opening(
     workflow = _definition(run)
     if isinstance(workflow, Failure):  # nothing runs: no step.resumed
         return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
-    gave_up = [(ev.STEP_RESUMED, {"cursor": run.cursor})]
+    gave_up = (
+        [(ev.RUN_ADMITTED, {"held_by": run.held_by})]
+        if run.status == RunStatus.QUEUED
+        else [(ev.STEP_RESUMED, {"cursor": run.cursor})]
+    )
     try:
         state = check_state(copy.deepcopy(run.state))
         if run.child_waits:
             state_part(state, "settled").update(children_settled(run))
-        cursor = None if run.status == RunStatus.PENDING else run.cursor
+        cursor = None if run.status in (RunStatus.PENDING, RunStatus.QUEUED) else run.cursor
         if cursor is not None and compensation.active(cursor):
             compensation.check(workflow, cursor, state)
         elif cursor is not None:
             workflow.step_at(cursor)
-        elif run.status != RunStatus.PENDING:
+        elif run.status not in (RunStatus.PENDING, RunStatus.QUEUED):
             raise ValueError("a suspended run has no cursor")
     except (ValueError, TypeError, AttributeError) as exc:
         failure = Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}")
@@ -247,6 +266,17 @@ def opening(
         actual = _wake(run, wake)
     except Failure as failure:
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
+    if run.status == RunStatus.QUEUED:  # admitted: its first segment
+        admitted: dict[str, Any] = {"held_by": run.held_by}
+        if recovered:
+            admitted["recovered"] = recovered
+        return Opening(
+            run.id,
+            run.tenant_id,
+            run,
+            first=[(ev.RUN_ADMITTED, admitted)],
+            steps=Steps(workflow, trigger, cursor=None, state=state, wake=actual),
+        )
     resumed: dict[str, Any] = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
     if recovered:
         resumed["recovered"] = recovered

@@ -31,7 +31,7 @@ from kumiflow_django.definition.context import (
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import children, compensation
+from kumiflow_django.engine import admission, children, compensation
 from kumiflow_django.engine.failure import Failure, capped_steps, capped_traceback
 from kumiflow_django.outbox.requests import opened
 from kumiflow_django.projections.dispatches import DispatchStatus
@@ -131,6 +131,8 @@ class Segment:
         if self.cancellations:
             children.cancel(row, self.cancellations)
         ended = row.status in FINISHED and not self.was_finished
+        if ended and row.flow_key:
+            admission.release(row)  # wake the runs parked behind its key
         if ended or (self.run.events and self.run.events[-1].type == ev.COMPENSATION_STARTED):
             cancelled = row.status == RunStatus.CANCELLED or (
                 (row.state or {}).get("compensating", {}).get("then") == "cancelled"

@@ -16,22 +16,27 @@ from django.db.models import Max
 from kumiflow_django.conf import settings
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
+from kumiflow_django.definition.durations import isoformat, parse_duration
+from kumiflow_django.definition.flow import resolve_key
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.triggers import EventTrigger
 from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine import admission
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.resuming import after_segment, writers_serialized
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute, keyed_run
-from kumiflow_django.engine.segment import current_depth
-from kumiflow_django.projections.runs import WorkflowRun
-from kumiflow_django.store import db, limits, telemetry
+from kumiflow_django.engine.segment import Segment, current_depth
+from kumiflow_django.flow.admission import DEBOUNCE, lock_bucket, lock_key
+from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.store import clock, db, limits, telemetry
 from kumiflow_django.store import names as ev
-from kumiflow_django.store.db import is_transient
+from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.errors import InvalidEvent, UnknownWorkflow
-from kumiflow_django.store.log import check_text, resolve_tenant
+from kumiflow_django.store.log import PRIORITY_METADATA, check_priority, check_text, resolve_tenant
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.values import clean_text, to_json
+from kumiflow_django.store.wakeups import WorkKind, work_committed
 
 logger = telemetry.get_logger("kumiflow_django.engine.starting")
 
@@ -43,12 +48,16 @@ def start_workflow(
     tenant: str | None = None,
     idempotency_key: str | None = None,
     version: str | None = None,
+    priority: int | None = None,
 ) -> WorkflowRun:
     """Start a run by hand; ``ctx.event.payload`` is ``payload``.
 
     With an ``idempotency_key`` (or the workflow's own key, resolved against
     the payload), a second start returns the first run and runs nothing.
+    ``priority`` (-100 to 100) overrides the workflow's.
     """
+    if priority is not None:
+        check_priority(priority)
     workflow = registry.get(name) if version is None else registry.find(name, version)
     if workflow is None:
         raise UnknownWorkflow(f"no workflow named {name!r} with version {version!r} is registered")
@@ -79,6 +88,7 @@ def start_workflow(
             key=key,
             since=since,
             input_=data,
+            priority=priority,
         )
 
 
@@ -108,6 +118,16 @@ def start_triggered(event: Event) -> None:
                 ev.STEP_FAILED, clean_text(f"{type(exc).__name__} in the trigger: {exc}", 600)
             )
         try:
+            if failure is None and trigger.grouped:
+                group = _group_key(workflow, trigger, event)
+                if isinstance(group, Failure):
+                    failure = group
+                elif trigger.throttle is not None:
+                    if _throttled(workflow, trigger.throttle, event, group):
+                        continue
+                else:
+                    _debounce(workflow, trigger, event, group, key)
+                    continue
             start_run(
                 workflow,
                 trigger=event,
@@ -115,6 +135,7 @@ def start_triggered(event: Event) -> None:
                 key=key,
                 since=event.position,
                 failure=failure,
+                priority=_priority_of(event),
             )
         except Exception as exc:
             if is_transient(exc):
@@ -128,6 +149,98 @@ def start_triggered(event: Event) -> None:
                 event.position,
                 extra=telemetry.log_fields(workflow=workflow.name, tenant=event.tenant_id),
             )
+
+
+def _priority_of(event: Event) -> int | None:
+    """The priority an event's ``append_event(priority=)`` asked for, if any."""
+    value = (
+        (event.metadata or {}).get(PRIORITY_METADATA) if isinstance(event.metadata, dict) else None
+    )
+    try:
+        return None if value is None else check_priority(value)
+    except InvalidEvent:
+        return None
+
+
+def _group_key(workflow: Workflow, trigger: EventTrigger, event: Event) -> str | Failure:
+    """The key a debounce or a throttle groups the event under ("*": one group)."""
+    if trigger.key is None:
+        return "*"
+    try:
+        return resolve_key(trigger.key, event, "the trigger's key")
+    except Exception as exc:
+        return Failure(
+            ev.FLOW_KEY_FAILED,
+            clean_text(f"{type(exc).__name__} resolving the trigger's key: {exc}", 600),
+        )
+
+
+def _throttled(workflow: Workflow, period: str, event: Event, group: str) -> bool:
+    """Whether a throttle skips this event: a run of the key started less than
+    ``period`` ago. The skipped events are counted on the key's bucket."""
+    now = clock.now()
+    bucket = lock_bucket(f"throttle:{workflow.name}", f"{event.tenant_id}:{group}", now)
+    if bucket.count and now < bucket.window_start + parse_duration(period):
+        bucket.skipped += 1
+        bucket.skipped_positions = [*bucket.skipped_positions, event.position][-THROTTLE_KEPT:]
+        bucket.save(update_fields=["skipped", "skipped_positions"])
+        logger.info(
+            "workflow %s: throttled, event %s skipped (key %r)",
+            workflow.name,
+            event.position,
+            group,
+            extra=telemetry.log_fields(workflow=workflow.name, tenant=event.tenant_id),
+        )
+        return True
+    bucket.window_start, bucket.count = now, bucket.count + 1
+    bucket.save(update_fields=["window_start", "count"])
+    return False
+
+
+#: The positions of skipped events a throttle keeps (their count is kept whole).
+THROTTLE_KEPT = 50
+
+
+def _debounce(
+    workflow: Workflow, trigger: EventTrigger, event: Event, group: str, key: str | None
+) -> None:
+    """The run of the key's burst starts with its last event, once the key has
+    been quiet for ``debounce`` (or ``max_wait`` after its first event)."""
+    assert trigger.debounce is not None
+    now = clock.now()
+    lock_key(f"debounce:{workflow.name}", f"{event.tenant_id}:{group}")
+    until = now + parse_duration(trigger.debounce)
+    queued = for_update(
+        WorkflowRun.objects.filter(
+            tenant_id=event.tenant_id,
+            workflow=workflow.name,
+            debounce_key=group,
+            status=RunStatus.QUEUED,
+            held_by=DEBOUNCE,
+        )
+    ).first()
+    if queued is not None and queued.status == RunStatus.QUEUED and queued.held_by == DEBOUNCE:
+        if trigger.max_wait is not None:
+            until = min(until, queued.started_at + parse_duration(trigger.max_wait))
+        segment = Segment(queued.id, queued.tenant_id, queued)
+        payload: dict[str, Any] = {
+            "trigger": _trigger_ref(event),
+            "since": event.position,
+            "until": isoformat(until),
+        }
+        segment.add(ev.RUN_DEBOUNCED, payload)
+        segment.write()
+        work_committed(WorkKind.RESUME, until, queued.id)
+        return
+    start_run(
+        workflow,
+        trigger=event,
+        tenant=event.tenant_id,
+        key=key,
+        since=event.position,
+        priority=_priority_of(event),
+        debounce={"debounce_key": group, "held": {"why": DEBOUNCE, "until": isoformat(until)}},
+    )
 
 
 #: Longest idempotency key (the run table's column).
@@ -163,8 +276,14 @@ def start_run(
     since: int,
     input_: dict[str, Any] | None = None,
     failure: Failure | None = None,
+    priority: int | None = None,
+    debounce: dict[str, Any] | None = None,
 ) -> WorkflowRun:
-    """Record a run (and run its first segment when inline); see module doc."""
+    """Record a run (and run its first segment when inline); see module doc.
+
+    Under flow control the run may be recorded as queued (a full key, a used
+    up rate, a debounce): then nothing of it runs now.
+    """
 
     def prepare() -> Prepared:
         if key is not None:
@@ -183,6 +302,9 @@ def start_run(
             started["idempotency_key"] = key
         if input_ is not None:
             started["input"] = input_
+        run_priority = workflow.priority if priority is None else priority
+        if run_priority:
+            started["priority"] = run_priority
         if workflow.awaited and not writers_serialized():
             gaps = matching.gaps_below(since)
             if gaps:
@@ -194,8 +316,23 @@ def start_run(
                 f"workflows started workflows {current_depth()} levels deep in one transaction "
                 f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
             )
+        held = False
+        if reason is None:
+            try:
+                flow = admission.resolve(workflow, trigger)
+            except Failure as unresolved:
+                reason, flow = unresolved, None
+            if debounce is not None:
+                flow = {**(flow or {}), **debounce}
+            elif flow is not None:
+                hold = admission.admit_new(workflow, flow)
+                if hold is not None:
+                    flow["held"] = admission.held_payload(hold)
+            if flow is not None:
+                started["flow"] = flow
+                held = "held" in flow
         steps = None
-        if workflow.start_mode == "inline":
+        if workflow.start_mode == "inline" and not held:
             steps = Steps(
                 workflow, trigger, cursor=None, state=new_state(), wake=Wake(WakeReason.START)
             )

@@ -4,10 +4,12 @@ Each model lives in the room of its concept: the event log in
 :mod:`kumiflow_django.store.models`, the projections beside their folds in
 :mod:`kumiflow_django.projections`, the definitions runs started on in
 :mod:`kumiflow_django.definition.snapshots`, the lock rows in
-:mod:`kumiflow_django.store.locks`.
+:mod:`kumiflow_django.store.locks`, flow control's rows in
+:mod:`kumiflow_django.flow.models`.
 """
 
 from kumiflow_django.definition.snapshots import DefinitionSnapshot
+from kumiflow_django.flow.models import FlowKey, FlowLimit, RateBucket
 from kumiflow_django.http.models import ApiToken
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import Compensation, RunStatus, WorkflowRun
@@ -25,8 +27,11 @@ __all__ = [
     "Dispatch",
     "DispatchStatus",
     "Event",
+    "FlowKey",
+    "FlowLimit",
     "ProcessLock",
     "RunStatus",
+    "RateBucket",
     "RunWait",
     "StepTask",
     "TaskStatus",

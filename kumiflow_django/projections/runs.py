@@ -25,6 +25,8 @@ from kumiflow_django.store.models import EngineManager, Event
 
 
 class RunStatus(models.TextChoices):
+    #: Not admitted yet: a concurrency limit, a rate or a debounce holds it.
+    QUEUED = "queued", _("queued")
     PENDING = "pending", _("pending")
     RUNNING = "running", _("running")
     WAITING = "waiting", _("waiting")
@@ -43,6 +45,7 @@ class Compensation(models.TextChoices):
 
 #: A run in one of these states continues when its ``wake_at`` has come.
 SUSPENDED = (
+    RunStatus.QUEUED,
     RunStatus.PENDING,
     RunStatus.WAITING,
     RunStatus.WAITING_EVENT,
@@ -138,6 +141,15 @@ class WorkflowRun(models.Model):
     compensation = models.CharField(
         _("compensation"), max_length=20, choices=Compensation.choices, blank=True
     )
+    #: Flow control: higher first in the due claim (-100 to 100); the scope and
+    #: key of its concurrency limit and the key of its rate; what holds it while
+    #: it is queued (``concurrency``, ``rate``, ``debounce``); a debounced run's key.
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    flow_scope = models.CharField(_("limit scope"), max_length=limits.FLOW_SCOPE, blank=True)
+    flow_key = models.CharField(_("limit key"), max_length=limits.FLOW_KEY, blank=True)
+    rate_key = models.CharField(_("rate key"), max_length=limits.FLOW_KEY, blank=True)
+    held_by = models.CharField(_("held by"), max_length=20, blank=True)
+    debounce_key = models.CharField(_("debounce key"), max_length=limits.FLOW_KEY, blank=True)
     lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
     lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"))
@@ -180,6 +192,12 @@ class WorkflowRun(models.Model):
             models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
             # A run's children (the admin's list, cancel cascades).
             models.Index(fields=["parent_id"], name="kumiflow_run_parent_idx"),
+            # Flow control: a key's active runs (counted under the key's lock)
+            # and its parked ones; a debounced run of a key.
+            models.Index(fields=["flow_key", "flow_scope", "status"], name="kumiflow_run_flow_idx"),
+            models.Index(
+                fields=["debounce_key", "workflow", "status"], name="kumiflow_run_debounce_idx"
+            ),
             # The run list filtered by workflow, newest first, a page at a time
             # (whatever the number of the workflow's runs).
             models.Index(fields=["workflow", "-started_at"], name="kumiflow_run_wf_started_idx"),
@@ -227,6 +245,26 @@ def _clear_wait(run: WorkflowRun) -> None:
     run.matched_position = None
 
 
+def _flow(run: WorkflowRun, flow: dict[str, Any] | None, event: Event) -> None:
+    """A run that starts under flow control: its keys, and what holds it, if anything.
+
+    A run parked behind a full key has no wake time; the one that frees a slot
+    wakes it (``kumiflow_django.flow``). A rebuilt table leaves queued runs
+    for the worker to check again.
+    """
+    if not flow:
+        return
+    run.flow_scope = flow.get("scope", "")
+    run.flow_key = flow.get("key", "")
+    run.rate_key = flow.get("rate_key", "")
+    run.debounce_key = flow.get("debounce_key", "")
+    held = flow.get("held")
+    if held:
+        run.status = RunStatus.QUEUED
+        run.held_by = held["why"]
+        run.wake_at = _instant(held.get("until"))
+
+
 def _instant(value: str | None) -> Any:
     return parse_instant(value) if value else None
 
@@ -259,6 +297,8 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
             started_at=event.created_at,
             version=0,
         )
+        run.priority = p.get("priority", 0)
+        _flow(run, p.get("flow"), event)
         parent = p.get("parent")
         if parent:
             run.parent_id = uuid.UUID(parent["id"])
@@ -319,6 +359,17 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.last_error = p.get("error", "")
         run.reason = p.get("reason", "")
         _merge_trail(run, p)
+    elif event.type == ev.RUN_ADMITTED:
+        _clear_wait(run)
+        run.status = RunStatus.RUNNING
+        run.held_by = ""
+    elif event.type == ev.RUN_DEBOUNCED:
+        trigger = p["trigger"]
+        run.trigger_type = trigger.get("type", "")
+        run.trigger_position = trigger.get("position")
+        run.since_position = p.get("since", run.since_position)
+        run.since_gaps = p.get("since_gaps") or None
+        run.wake_at = _instant(p["until"])
     elif event.type == ev.EVENT_MATCHED:
         run.matched_position = p["event"]["position"]
         run.wake_at = event.created_at

@@ -71,6 +71,12 @@ class StepTask(models.Model):
     non_retryable = models.JSONField(_("never retried"), default=list)
     timeout = models.FloatField(_("timeout per attempt (s)"))
     heartbeat_timeout = models.FloatField(_("heartbeat timeout (s)"), null=True, blank=True)
+    #: Flow control of its attempts (``steps.task(concurrency=, rate=)``): the
+    #: limit as declared, the key it counts in, what holds a parked attempt.
+    flow = models.JSONField(_("flow control"), null=True, blank=True)
+    flow_scope = models.CharField(_("limit scope"), max_length=limits.FLOW_SCOPE, blank=True)
+    flow_key = models.CharField(_("limit key"), max_length=limits.FLOW_KEY, blank=True)
+    held_by = models.CharField(_("held by"), max_length=20, blank=True)
     status = models.CharField(_("status"), max_length=20, choices=TaskStatus.choices)
     attempt = models.PositiveIntegerField(_("attempt"), default=0)
     #: The last attempt number the retry policy allows (an operator's retry raises it).
@@ -110,6 +116,10 @@ class StepTask(models.Model):
         indexes = [
             # Due attempts: only pending tasks have a next attempt time.
             models.Index(fields=["next_attempt_at"], name="kumiflow_task_due_idx"),
+            # Flow control: a key's running attempts and its parked ones.
+            models.Index(
+                fields=["flow_key", "flow_scope", "status"], name="kumiflow_task_flow_idx"
+            ),
             # Attempts whose lease ran out: only running tasks have a lease.
             models.Index(fields=["lease_until"], name="kumiflow_task_lease_idx"),
             models.Index(fields=["run_id"], name="kumiflow_task_run_idx"),
@@ -159,6 +169,9 @@ def apply(task: StepTask | None, event: Event) -> StepTask:
             non_retryable=p.get("non_retryable") or [],
             timeout=p["timeout"],
             heartbeat_timeout=p.get("heartbeat_timeout"),
+            flow=p.get("flow"),
+            flow_scope=(p.get("flow") or {}).get("scope", ""),
+            flow_key=(p.get("flow") or {}).get("key", ""),
             status=TaskStatus.PENDING,
             attempt=0,
             max_attempt=int((p.get("retry") or {}).get("attempts", 1)),
@@ -263,7 +276,8 @@ def opened(
                 "timeout": request.timeout,
                 "heartbeat_timeout": request.heartbeat_timeout,
             }
-            | ({"trace": trace} if trace else {}),
+            | ({"trace": trace} if trace else {})
+            | ({"flow": request.flow} if request.flow else {}),
         )
         if request.problem:
             change.add(

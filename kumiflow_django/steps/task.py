@@ -25,6 +25,7 @@ from typing import Any
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import Context, TaskRequest, WakeReason
 from kumiflow_django.definition.durations import parse_duration
+from kumiflow_django.definition.flow import Limit, Rate, resolve_key
 from kumiflow_django.definition.matching import correlation_key
 from kumiflow_django.definition.step import (
     Resolver,
@@ -40,7 +41,7 @@ from kumiflow_django.steps.control import EventWait, Suspend
 from kumiflow_django.store import limits
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.errors import InvalidEvent, KumiflowError
-from kumiflow_django.store.values import to_json
+from kumiflow_django.store.values import clean_text, to_json
 
 ON_ERROR = ("fail", "result")
 #: The retry policy of a task step that names none.
@@ -177,6 +178,15 @@ class TaskKind(StepKind):
         if queue is not None and (not isinstance(queue, str) or not 0 < len(queue) <= 100):
             raise ValueError(f"queue must be a name of 1 to 100 characters, not {queue!r}")
         check_resolver(step.args["args"], "args")
+        limit, rate = step.args.get("concurrency"), step.args.get("rate")
+        if limit is not None:
+            if not isinstance(limit, Limit):
+                raise ValueError(f"concurrency must be a Limit(key=..., max=...), not {limit!r}")
+            limit.validate("concurrency")
+        if rate is not None:
+            if not isinstance(rate, Rate):
+                raise ValueError(f"rate must be a Rate(key=..., limit=..., per=...), not {rate!r}")
+            rate.validate("rate")
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         if resume is not None:
@@ -199,6 +209,12 @@ class TaskKind(StepKind):
                 raise InvalidEvent(f"the arguments of task {step.name!r} must be a list or a dict")
         except InvalidEvent as exc:
             args, problem = None, str(exc)
+        flow = None
+        if problem is None:
+            try:
+                flow = _flow(step, ctx)
+            except Exception as exc:  # a key resolver: the task fails with the reason
+                problem = clean_text(f"{type(exc).__name__} resolving a flow key: {exc}", 600)
         ctx.effects.append(
             TaskRequest(
                 id=task_id,
@@ -220,6 +236,7 @@ class TaskKind(StepKind):
                     f"{exc.__module__}.{exc.__qualname__}" for exc in a["non_retryable"]
                 ),
                 problem=problem,
+                flow=flow,
             )
         )
         match = {"stream_id": str(task_id)}
@@ -236,6 +253,27 @@ class TaskKind(StepKind):
         target = step.args["fn"]
         func = getattr(target, "func", target)
         return f"task {getattr(func, '__qualname__', 'function')}"
+
+
+def _flow(step: Step, ctx: Context) -> dict[str, Any] | None:
+    """The attempts' limits, resolved against the context (stored on the task)."""
+    limit, rate = step.args.get("concurrency"), step.args.get("rate")
+    if limit is None and rate is None:
+        return None
+    default_scope = f"{ctx.run.workflow}/{step.name}"
+    flow: dict[str, Any] = {}
+    if limit is not None:
+        flow["scope"] = limit.scope or default_scope
+        flow["key"] = resolve_key(limit.key, ctx, "the concurrency key")
+        flow["max"] = limit.max
+    if rate is not None:
+        flow["rate"] = {
+            "scope": rate.scope or default_scope,
+            "key": resolve_key(rate.key, ctx, "the rate key"),
+            "limit": rate.limit,
+            "per": rate.per,
+        }
+    return flow
 
 
 def _outcome(step: Step, ctx: Context) -> Any:
@@ -275,6 +313,8 @@ def task(
     queue: str | None = None,
     on_error: str = "fail",
     compensate: Sequence[Step] | None = None,
+    concurrency: Limit | None = None,
+    rate: Rate | None = None,
 ) -> Step:
     """Run ``fn`` outside the transaction; its JSON return value is the step's result.
 
@@ -286,6 +326,10 @@ def task(
     backoff policy (default: 3 attempts, 2 s exponential); exceptions in
     ``non_retryable`` fail the task at once. ``on_error="result"`` gives the
     step ``{"ok": ..., ...}`` instead of failing the run.
+    ``concurrency=Limit(key=..., max=N)`` bounds the attempts in flight per
+    key, ``rate=Rate(...)`` the attempts started per window, across every
+    worker and backend (keys are functions of the context, or strings; the
+    scope defaults to ``workflow/step name``).
     """
     step = Step(
         "task",
@@ -299,6 +343,8 @@ def task(
             "non_retryable": tuple(non_retryable),
             "queue": queue,
             "on_error": on_error,
+            "concurrency": concurrency,
+            "rate": rate,
         },
     )
     return compensated(step, compensate)

@@ -38,3 +38,10 @@ OPERATOR_REASON = 1000
 TRACEBACK = 16_384
 #: The step results a failed or completed run keeps in its closing event, in bytes of JSON.
 CLOSING_STEPS = 16_384
+#: Flow control: the key a limit, a rate, a debounce or a throttle groups by,
+#: and the scope it counts in (a workflow's name, or workflow/step of a task).
+FLOW_KEY = 200
+FLOW_SCOPE = WORKFLOW_NAME + 1 + EVENT_TYPE
+#: Priorities of runs and task attempts (Django's Tasks use the same range); higher first.
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100

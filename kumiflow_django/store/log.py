@@ -154,6 +154,21 @@ def _check_event(new: NewEvent) -> NewEvent:
 StreamId = str | int | uuid.UUID
 
 
+#: The metadata key of an event's ``priority=`` override.
+PRIORITY_METADATA = "kumiflow_priority"
+
+
+def check_priority(value: object) -> int:
+    """A priority: an integer from -100 to 100 (higher first)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidEvent(f"priority must be an integer, not {type(value).__name__}")
+    if not limits.MIN_PRIORITY <= value <= limits.MAX_PRIORITY:
+        raise InvalidEvent(
+            f"priority must be from {limits.MIN_PRIORITY} to {limits.MAX_PRIORITY}, not {value}"
+        )
+    return value
+
+
 def append_event(
     stream_id: StreamId,
     type: str,
@@ -165,14 +180,19 @@ def append_event(
     metadata: Mapping[str, Any] | None = None,
     schema_version: int = 1,
     created_by: str = "",
+    priority: int | None = None,
 ) -> Event:
     """Append one event to a stream and return it, saved.
 
     ``expected_version`` is the version the stream must be at (0: it must
     not exist yet); a stale one raises :class:`VersionConflict`. Without it,
     the event goes after whatever is there, also when other writers append
-    to the stream at the same moment.
+    to the stream at the same moment. ``priority`` (-100 to 100) overrides
+    the priority of the runs the event starts; it is kept in the event's
+    metadata (``kumiflow_priority``).
     """
+    if priority is not None:
+        metadata = {**(metadata or {}), PRIORITY_METADATA: check_priority(priority)}
     new = NewEvent(type, payload, metadata, schema_version)  # type: ignore[arg-type]
     return append_events(
         stream_id,

@@ -32,6 +32,10 @@ CHILD_SETTLED = "kumiflow.workflow.child-settled"
 #: The run failed (or was cancelled) after steps with compensations completed:
 #: their compensations run now, in reverse order.
 COMPENSATION_STARTED = "kumiflow.workflow.compensation-started"
+#: A queued run got its slot (and its rate's admission): it starts now.
+RUN_ADMITTED = "kumiflow.workflow.run-admitted"
+#: A later event of a debounced burst: the run starts with it, later.
+RUN_DEBOUNCED = "kumiflow.workflow.run-debounced"
 
 RUN_EVENTS = frozenset(
     {
@@ -52,6 +56,8 @@ RUN_EVENTS = frozenset(
         STEP_WAITING_BRANCHES,
         CHILD_SETTLED,
         COMPENSATION_STARTED,
+        RUN_ADMITTED,
+        RUN_DEBOUNCED,
     }
 )
 
@@ -124,6 +130,9 @@ STATE_TOO_LARGE = "state_too_large"
 TASK_FAILED_REASON = "task_failed"
 CHILD_FAILED_REASON = "child_failed"
 UNSTORABLE_STATE = "unstorable_state"
+#: A key resolver of the workflow's concurrency limit or rate raised (or
+#: returned something that is not a short string): the run never started.
+FLOW_KEY_FAILED = "flow_key_failed"
 
 CRON_STREAM = "cron-schedule"
 #: A schedule's stream id is this prefix and its workflow's name.

@@ -33,6 +33,7 @@ from django.db import IntegrityError
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
+from kumiflow_django.flow import gates
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import TASKS, StepTask, TaskStatus, append, metadata
 from kumiflow_django.steps.task import import_function
@@ -101,6 +102,8 @@ def claim(task_id: uuid.UUID, *, worker: str, attempt: int | None = None) -> Att
             number = task.attempt + 1
             if attempt is not None and attempt != number:
                 return None  # a hand-off of an older attempt
+            if not gates.admit_task(task, now):
+                return None  # parked: a slot or the rate's next window hands it off again
             task = append(
                 task,
                 ev.TASK_ATTEMPT_STARTED,
@@ -135,8 +138,12 @@ def claim_due(
     try:
         with db.atomic():
             rows = list(for_update(due.order_by("next_attempt_at")[:limit], skip_locked=True))
+            # Limited ones in the order of their keys' locks (no two claims deadlock).
+            rows.sort(key=lambda t: (t.flow_scope, t.flow_key))
             changes = []
             for task in rows:
+                if not gates.admit_task(task, now):
+                    continue  # parked until a slot frees or the rate's next window
                 change = Change(
                     TASKS,
                     str(task.id),
@@ -154,8 +161,10 @@ def claim_due(
                         "lease_until": isoformat(lease_until(task, now)),
                     },
                 )
+                if task.flow_key:  # running now, so the next admission of its key counts it
+                    write([change])
                 changes.append(change)
-            write(changes)
+            write([change for change in changes if not change.saved.flow_key])
     except (IntegrityError, StaleRow):
         return []  # another worker claimed some of them first
     return [_attempt(change.saved, now) for change in changes]
@@ -276,12 +285,15 @@ def record(attempt: Attempt, outcome: Outcome) -> StepTask | None:
                 },
             )
         if outcome.ok:
-            return append(
+            updated = append(
                 task,
                 ev.TASK_COMPLETED,
                 {"attempt": attempt.number, "result": outcome.result, "duration": outcome.duration},
             )
-        return _failed(task, attempt.number, outcome)
+        else:
+            updated = _failed(task, attempt.number, outcome)
+        gates.release_task(updated)  # its slot frees: wake an attempt parked behind it
+        return updated
 
 
 def _failed(task: StepTask, number: int, outcome: Outcome) -> StepTask:
@@ -327,6 +339,8 @@ def expire(task_id: uuid.UUID, now: datetime) -> StepTask | None:
                 why += f" (worker {task.worker})"
             logger.warning("task %s: attempt %d given up: %s", task.id, task.attempt, why)
             outcome = Outcome(ok=False, error=why, error_type="TimeoutError")
-            return _failed(task, task.attempt, outcome)
+            updated = _failed(task, task.attempt, outcome)
+            gates.release_task(updated)
+            return updated
     except (IntegrityError, StaleRow):
         return None

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db.models import Q
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.durations import isoformat
@@ -59,17 +60,61 @@ class Claimed(NamedTuple):
 #: Runs leased per statement: few enough that a lease does not run out while
 #: its run waits for the ones before it.
 CLAIM_CHUNK = 10
+_COLUMNS = (
+    "id",
+    "version",
+    "lease_owner",
+    "lease_until",
+    "priority",
+    "tenant_id",
+    "wake_at",
+    "started_at",
+)
 
 
-def due_runs(now: datetime, limit: int) -> list[Due]:
-    """(id, version, lease owner, lease expiry) of due runs, earliest first:
-    one indexed range read."""
-    rows = (
-        WorkflowRun.objects.due(now)
-        .order_by("wake_at")
-        .values_list("id", "version", "lease_owner", "lease_until")[:limit]
-    )
-    return [Due(*row) for row in rows]
+def due_runs(now: datetime, limit: int, *, free: bool = False) -> list[Due]:
+    """Up to ``limit`` due runs in the order they are claimed: higher priority
+    first; within a priority, tenants take turns (weighted by
+    ``KUMIFLOW_TENANT_WEIGHTS``); then earlier wake time first.
+
+    One indexed range read (``wake_at``) of at most ``limit + 1`` rows when
+    everything due fits in the batch. Only a backlog larger than the batch
+    ranks the whole due set in the database (a window function over the
+    ``wake_at`` range): then a tenant's 10 runs behind another's 10,000 are in
+    the next batch, not 1,000 batches later. ``free``: only runs no worker
+    holds a lease on.
+    """
+    due = WorkflowRun.objects.due(now)
+    if free:
+        due = due.filter(Q(lease_owner="") | Q(lease_until__lt=now))
+    probe = list(due.order_by("wake_at", "started_at").values_list(*_COLUMNS)[: limit + 1])
+    if len(probe) <= limit:
+        return _fair(probe)[:limit]
+    weights = settings.TENANT_WEIGHTS
+    heaviest = max([1, *weights.values()])
+    ranked = due.annotate(
+        turn=Window(
+            RowNumber(),
+            partition_by=[F("priority"), F("tenant_id")],
+            order_by=[F("wake_at").asc(), F("started_at").asc()],
+        )
+    ).order_by("-priority", "turn", "wake_at", "started_at")
+    return _fair(list(ranked.values_list(*_COLUMNS)[: limit * heaviest]))[:limit]
+
+
+def _fair(rows: list[tuple[Any, ...]]) -> list[Due]:
+    """``rows`` (id, version, lease, lease until, priority, tenant, wake at,
+    start) in claim order: priority, then the tenant's weighted turn, then
+    wake time (then start: runs woken together go in the order they came)."""
+    weights = settings.TENANT_WEIGHTS
+    turns: dict[tuple[int, str], int] = {}
+    keyed = []
+    for row in sorted(rows, key=lambda r: (-r[4], r[6], r[7])):
+        group = (row[4], row[5])
+        turns[group] = turns.get(group, 0) + 1
+        keyed.append(((-row[4], turns[group] / weights.get(row[5], 1), row[6], row[7]), row))
+    keyed.sort(key=lambda item: item[0])
+    return [Due(*row[:4]) for _, row in keyed]
 
 
 def default_worker_id() -> str:
@@ -99,55 +144,36 @@ class ResumeLoop(Loop):
         connection = db.connection()
         return self.threads > 1 and connection.vendor != "sqlite" and not connection.in_atomic_block
 
-    def _claim(self, chunk: list[Due], now: datetime) -> list[Claimed]:
-        """Lease a few due runs in one statement; return those now leased to us."""
-        candidates: dict[uuid.UUID, Claimed] = {}
-        for due in chunk:
-            owner, until = due.lease_owner, due.lease_until
-            if owner and until is not None and until > now:
-                continue  # a worker is on it (or parked it after an unexpected error)
-            recovered = None
-            if owner and owner != self.worker_id:
-                recovered = {"from": owner, "lease_until": isoformat(until) if until else None}
-            candidates[due.id] = Claimed(due.id, due.version, recovered)
-        if not candidates:
-            return []
-        free = Q(lease_owner="") | Q(lease_until__lt=now) | Q(lease_owner=self.worker_id)
-        lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
-        rows = WorkflowRun.objects.filter(pk__in=list(candidates))
-        rows.filter(free).update(lease_owner=self.worker_id, lease_until=lease_until)
-        mine = set(rows.filter(lease_owner=self.worker_id).values_list("id", flat=True))
-        return [claimed for run_id, claimed in candidates.items() if run_id in mine]
-
     def _release(self, run_id: uuid.UUID) -> None:
         WorkflowRun.objects.filter(pk=run_id, lease_owner=self.worker_id).update(
             lease_owner="", lease_until=None
         )
 
-    def _claim_next(self, now: datetime, limit: int) -> list[Claimed]:
-        """Lease up to ``limit`` due runs that no worker holds, in one short
+    def _lease(self, chunk: list[Due], now: datetime) -> list[Claimed]:
+        """Lease the runs of ``chunk`` that are still due and free, in one short
         transaction. Rows another worker is leasing at this moment are skipped
-        (``SKIP LOCKED``): workers take disjoint runs instead of all reading the
-        same earliest ones and contending for them."""
+        (``SKIP LOCKED`` where the database has it): workers take disjoint runs
+        instead of contending for the same ones."""
         # Not "or leased by this worker": the threads of one worker share its
         # id, and one would take the runs another has just leased.
         free = Q(lease_owner="") | Q(lease_until__lt=now)
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
+        order = {due.id: i for i, due in enumerate(chunk)}
         with db.atomic():
-            due = WorkflowRun.objects.due(now).filter(free).order_by("wake_at")
-            rows = [
+            rows = WorkflowRun.objects.due(now).filter(free, pk__in=list(order))
+            found = [
                 Due(*row)
-                for row in for_update(due, skip_locked=True).values_list(
+                for row in for_update(rows, skip_locked=True).values_list(
                     "id", "version", "lease_owner", "lease_until"
-                )[:limit]
+                )
             ]
-            if not rows:
+            if not found:
                 return []
-            WorkflowRun.objects.filter(pk__in=[row.id for row in rows]).update(
+            WorkflowRun.objects.filter(pk__in=[row.id for row in found]).update(
                 lease_owner=self.worker_id, lease_until=lease_until
             )
         claimed = []
-        for row in rows:
+        for row in sorted(found, key=lambda r: order[r.id]):
             recovered = None
             if row.lease_owner and row.lease_owner != self.worker_id:
                 until = row.lease_until
@@ -159,58 +185,42 @@ class ResumeLoop(Loop):
         return claimed
 
     def run_once(self) -> int:
+        """Claim and resume one batch of due runs, in claim order (see :func:`due_runs`).
+
+        The first chunk is leased and resumed here: only when there are more
+        does the pool start (a poll that finds little to do opens no
+        connections); its threads then take the next chunks in order."""
         now = clock.now()
-        # Threads lease disjoint runs (skip-locked) where the database can.
-        if self._parallel() and db.connection().features.has_select_for_update_skip_locked:
-            return self._run_parallel(now)
-        due = due_runs(now, self.batch_size)
+        due = due_runs(now, self.batch_size, free=True)
         chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
-        if not self._parallel() or len(chunks) < 2:
-            return sum(self._work(chunk, now) for chunk in chunks)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
-        return sum(self._pool.map(self._work_in_thread, chunks, [now] * len(chunks)))
-
-    def _work_in_thread(self, chunk: list[Due], now: datetime) -> int:
-        self._fresh_connection()
-        return self._work(chunk, now)
-
-    def _run_parallel(self, now: datetime) -> int:
-        """Each thread leases a few due runs at a time (skip-locked) and resumes
-        them, until the batch is used up or nothing is due: the last of 500 due
-        runs waits for a tenth of them per thread, not for the whole batch.
-
-        The first few are leased here: only when there are more than that does
-        the pool start (a poll that finds little to do opens no connections)."""
-        first = self._claim_next(now, min(CLAIM_CHUNK, self.batch_size))
-        done = self._resume_claimed(first)
-        if len(first) < CLAIM_CHUNK or self.stopping:
+        if not chunks:
+            return 0
+        done = self._work(chunks[0], now)
+        rest = chunks[1:]
+        if not rest or self.stopping:
             return done
+        if not self._parallel():
+            return done + sum(self._work(chunk, now) for chunk in rest if not self.stopping)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
-        budget = [self.batch_size - len(first)]
+        queue = list(reversed(rest))
         lock = threading.Lock()
 
-        def take() -> int:
+        def take() -> list[Due] | None:
             with lock:
-                n = min(CLAIM_CHUNK, budget[0])
-                budget[0] -= n
-                return n
+                return queue.pop() if queue else None
 
         def drain() -> int:
             self._fresh_connection()
-            done = 0
+            resumed = 0
             while not self.stopping:
-                n = take()
-                if n <= 0:
+                chunk = take()
+                if chunk is None:
                     break
-                claimed = self._claim_next(now, n)
-                if not claimed:
-                    break
-                done += self._resume_claimed(claimed)
-            return done
+                resumed += self._work(chunk, now)
+            return resumed
 
-        drains = [self._pool.submit(drain) for _ in range(self.threads)]
+        drains = [self._pool.submit(drain) for _ in range(min(self.threads, len(rest)))]
         return done + sum(f.result() for f in drains)
 
     def _fresh_connection(self) -> None:
@@ -222,7 +232,7 @@ class ResumeLoop(Loop):
 
     def _work(self, chunk: list[Due], now: datetime) -> int:
         """Lease a chunk of due runs and resume them one after the other."""
-        return self._resume_claimed(self._claim(chunk, now))
+        return self._resume_claimed(self._lease(chunk, now))
 
     def _resume_claimed(self, claimed: list[Claimed]) -> int:
         resumed = 0

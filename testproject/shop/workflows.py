@@ -20,7 +20,7 @@ import os
 
 from django.conf import settings
 
-from kumiflow_django import define_projection, define_workflow, on_cron, on_event
+from kumiflow_django import Limit, define_projection, define_workflow, on_cron, on_event
 from kumiflow_django import steps as s
 from testproject.shop import tasks as shop_tasks
 
@@ -363,5 +363,52 @@ branches_probe = define_workflow(
             },
         ),
         s.return_(lambda ctx: sorted(ctx.steps["ran"])),
+    ],
+)
+
+
+# -- flow control under four workers (tests/test_flow_control_workers.py) -------
+
+
+@s.handler("shop.flow_mark")
+def flow_mark(payload):
+    """Append "key run edge time" to a log file (wall clock: one machine)."""
+    import time
+
+    with open(payload["log"], "a") as f:
+        f.write(f"{payload['key']} {payload['run']} {payload['edge']} {time.time()!r}\n")
+    return payload["edge"]
+
+
+def _mark(edge):
+    return lambda ctx: {
+        "log": ctx.event.payload["log"],
+        "key": ctx.event.payload["key"],
+        "run": str(ctx.run.id),
+        "edge": edge,
+    }
+
+
+flow_probe = define_workflow(
+    "flow-probe",
+    start_mode="deferred",
+    concurrency=Limit(key=lambda event: event.payload["key"], max=1),
+    steps=[
+        s.call("began", "shop.flow_mark", _mark("start")),
+        s.wait("PT0.05S"),
+        s.call("ended", "shop.flow_mark", _mark("end")),
+    ],
+)
+
+flow_task_probe = define_workflow(
+    "flow-task-probe",
+    start_mode="deferred",
+    steps=[
+        s.task(
+            "slow",
+            shop_tasks.limited_call,
+            args=lambda ctx: [ctx.event.payload["log"], ctx.event.payload["key"]],
+            concurrency=Limit(key=lambda ctx: ctx.event.payload["key"], max=3),
+        ),
     ],
 )

@@ -1,0 +1,221 @@
+"""Admission: whether a run (or a task attempt) may become active now.
+
+Everything is decided in the caller's transaction, under a row lock of the
+key (``FlowKey``), so "at most N per key" holds across any number of
+workers and processes:
+
+- **concurrency**: the active items of the key are *counted* under the lock
+  (no counter that a lost release could leave wrong). A full key parks the
+  item (``wake_at``/``next_attempt_at`` NULL, ``held_by="concurrency"``) and
+  adds it to the key's ``held`` count; whoever frees a slot (an item that
+  ends, :func:`release`) wakes the first parked items in order of priority
+  and start. A new item that finds parked ones queues behind them.
+- **rate**: a fixed window per key (``RateBucket``), locked and counted;
+  beyond the rate the item waits for the next window (a timer): nothing is
+  dropped.
+
+Admitting is the caller's next write (the run or attempt becomes active in
+the same transaction), so a rolled-back admission takes no slot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from django.db import IntegrityError
+
+from kumiflow_django.flow.models import FlowKey, FlowLimit, RateBucket
+from kumiflow_django.store import clock, db
+from kumiflow_django.store.db import for_update
+from kumiflow_django.store.telemetry import get_logger
+
+logger = get_logger("kumiflow_django.flow")
+
+CONCURRENCY = "concurrency"
+RATE = "rate"
+DEBOUNCE = "debounce"
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why an item is not admitted, and until when (None: until a slot frees)."""
+
+    why: str
+    until: datetime | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    scope: str
+    key: str
+    max: int
+
+
+@dataclass(frozen=True)
+class RateSpec:
+    scope: str
+    key: str
+    limit: int
+    period: timedelta
+
+
+class Gate(Protocol):
+    """How admission counts and wakes the items of one kind (runs, task attempts)."""
+
+    def active(self, scope: str, key: str) -> int: ...
+
+    def wake(self, scope: str, key: str, n: int) -> int: ...
+
+
+# -- operator overrides -------------------------------------------------------
+
+#: Overrides are read once per this many seconds per process (and at once in
+#: the process that changes them): an admission costs no extra query.
+OVERRIDE_TTL = 5.0
+_overrides: dict[str, tuple[int | None, int | None]] = {}
+_overrides_read = [float("-inf")]
+_overrides_lock = threading.Lock()
+
+
+def forget_overrides() -> None:
+    with _overrides_lock:
+        _overrides_read[0] = float("-inf")
+
+
+def _override(scope: str) -> tuple[int | None, int | None]:
+    with _overrides_lock:
+        if time.monotonic() - _overrides_read[0] > OVERRIDE_TTL:
+            rows = FlowLimit.objects.values_list("scope", "max_active", "rate_limit")
+            _overrides.clear()
+            _overrides.update({s: (m, r) for s, m, r in rows})
+            _overrides_read[0] = time.monotonic()
+        return _overrides.get(scope, (None, None))
+
+
+def max_active(scope: str, declared: int) -> int:
+    """The limit in force: the operator's override, else the declared one."""
+    override = _override(scope)[0]
+    return override if override is not None else declared
+
+
+def rate_limit(scope: str, declared: int) -> int:
+    override = _override(scope)[1]
+    return override if override is not None else declared
+
+
+# -- locks ------------------------------------------------------------------
+
+
+def lock_key(scope: str, key: str) -> FlowKey:
+    """The key's row, locked until the transaction ends (created if missing)."""
+    for _ in range(5):
+        row = for_update(FlowKey.objects.filter(scope=scope, key=key)).first()
+        if row is not None:
+            return row
+        try:
+            with db.atomic():  # a savepoint: a concurrent insert is not an error here
+                return FlowKey.objects.create(scope=scope, key=key, created_at=clock.now())
+        except IntegrityError:
+            continue  # another transaction created it: lock theirs
+    raise RuntimeError(f"could not lock flow key {scope!r}/{key!r}")
+
+
+def lock_bucket(scope: str, key: str, window: datetime) -> RateBucket:
+    for _ in range(5):
+        row = for_update(RateBucket.objects.filter(scope=scope, key=key)).first()
+        if row is not None:
+            return row
+        try:
+            with db.atomic():
+                return RateBucket.objects.create(scope=scope, key=key, window_start=window)
+        except IntegrityError:
+            continue
+    raise RuntimeError(f"could not lock rate bucket {scope!r}/{key!r}")
+
+
+def window_of(now: datetime, period: timedelta) -> datetime:
+    """The start of the fixed window (aligned to the epoch) that holds ``now``."""
+    step = int(period.total_seconds() * 1_000_000)
+    elapsed = int((now - _EPOCH).total_seconds() * 1_000_000)
+    return _EPOCH + timedelta(microseconds=elapsed - elapsed % step)
+
+
+# -- admission --------------------------------------------------------------
+
+
+def admit(
+    gate: Gate,
+    concurrency: Concurrency | None,
+    rate: RateSpec | None,
+    *,
+    new: bool,
+    now: datetime | None = None,
+) -> Hold | None:
+    """None if the item may become active now (the caller makes it so in this
+    transaction); else why not, and until when.
+
+    ``new``: the item was never parked (a start, a first attempt): it queues
+    behind the key's parked items instead of overtaking them.
+    """
+    now = now or clock.now()
+    flow_key: FlowKey | None = None
+    if concurrency is not None:
+        limit = max_active(concurrency.scope, concurrency.max)
+        flow_key = lock_key(concurrency.scope, concurrency.key)
+        free = limit - gate.active(concurrency.scope, concurrency.key)
+        if free > 0 and new and flow_key.held:
+            # Wake those in line first; take a slot only if they leave one.
+            woken = gate.wake(concurrency.scope, concurrency.key, free)
+            flow_key.held = 0 if woken < free else flow_key.held - woken
+            free -= woken
+        if free <= 0:
+            flow_key.held += 1
+            flow_key.save(update_fields=["held"])
+            return Hold(
+                CONCURRENCY,
+                None,
+                f"{concurrency.scope} key {concurrency.key!r}: {limit} active (the limit)",
+            )
+    if rate is not None:
+        limit = rate_limit(rate.scope, rate.limit)
+        window = window_of(now, rate.period)
+        bucket = lock_bucket(rate.scope, rate.key, window)
+        if bucket.window_start != window:
+            bucket.window_start, bucket.count = window, 0
+        if bucket.count >= limit:
+            bucket.save(update_fields=["window_start", "count"])
+            if flow_key is not None:
+                flow_key.save(update_fields=["held"])
+            until = window + rate.period
+            return Hold(RATE, until, f"{rate.scope} key {rate.key!r}: {limit} per window")
+        bucket.count += 1
+        bucket.save(update_fields=["window_start", "count"])
+    if flow_key is not None:
+        flow_key.save(update_fields=["held"])
+    return None
+
+
+def release(gate: Gate, concurrency: Concurrency) -> int:
+    """An item of the key stopped being active (in this transaction): wake as
+    many parked items as there are free slots. Returns how many were woken."""
+    flow_key = for_update(
+        FlowKey.objects.filter(scope=concurrency.scope, key=concurrency.key)
+    ).first()
+    if flow_key is None or not flow_key.held:
+        return 0
+    free = max_active(concurrency.scope, concurrency.max) - gate.active(
+        concurrency.scope, concurrency.key
+    )
+    if free <= 0:
+        return 0
+    woken = gate.wake(concurrency.scope, concurrency.key, free)
+    flow_key.held = 0 if woken < free else flow_key.held - woken
+    flow_key.save(update_fields=["held"])
+    return woken

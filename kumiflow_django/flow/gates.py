@@ -1,0 +1,123 @@
+"""What "active" and "parked" mean for runs and for task attempts.
+
+A run is active from its admission until it finishes (running, waiting,
+sleeping, retrying: "started and not finished"); a queued run is parked
+(``held_by="concurrency"`` and no wake time) until a slot frees. A task
+attempt is active while it runs; a parked attempt has no next attempt time.
+Waking sets the wake time to now, in order of priority, then of arrival;
+rows another transaction holds are skipped (it is deciding about them).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from kumiflow_django.definition.durations import parse_duration
+from kumiflow_django.flow.admission import (
+    CONCURRENCY,
+    Concurrency,
+    RateSpec,
+    admit,
+    release,
+)
+from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.projections.tasks import StepTask, TaskStatus
+from kumiflow_django.store import clock
+from kumiflow_django.store.db import for_update
+from kumiflow_django.store.wakeups import WorkKind, work_committed
+
+#: A run in one of these states holds a slot of its key.
+ACTIVE = (
+    RunStatus.PENDING,
+    RunStatus.RUNNING,
+    RunStatus.WAITING,
+    RunStatus.WAITING_EVENT,
+    RunStatus.RETRY_SCHEDULED,
+)
+
+
+class Runs:
+    def active(self, scope: str, key: str) -> int:
+        return WorkflowRun.objects.filter(flow_scope=scope, flow_key=key, status__in=ACTIVE).count()
+
+    def wake(self, scope: str, key: str, n: int) -> int:
+        parked = WorkflowRun.objects.filter(
+            flow_scope=scope,
+            flow_key=key,
+            status=RunStatus.QUEUED,
+            held_by=CONCURRENCY,
+            wake_at__isnull=True,
+        ).order_by("-priority", "started_at")
+        ids = list(for_update(parked, skip_locked=True).values_list("id", flat=True)[:n])
+        if ids:
+            now = clock.now()
+            WorkflowRun.objects.filter(pk__in=ids).update(wake_at=now)
+            work_committed(WorkKind.RESUME, now)
+        return len(ids)
+
+
+class Tasks:
+    def active(self, scope: str, key: str) -> int:
+        return StepTask.objects.filter(
+            flow_scope=scope, flow_key=key, status=TaskStatus.RUNNING
+        ).count()
+
+    def wake(self, scope: str, key: str, n: int) -> int:
+        parked = StepTask.objects.filter(
+            flow_scope=scope,
+            flow_key=key,
+            status=TaskStatus.PENDING,
+            held_by=CONCURRENCY,
+            next_attempt_at__isnull=True,
+        ).order_by("-priority", "created_at")
+        rows = list(for_update(parked, skip_locked=True).values_list("id", "run_id", "backend")[:n])
+        if rows:
+            now = clock.now()
+            # held_by stays: a woken attempt takes a free slot without queueing again.
+            StepTask.objects.filter(pk__in=[row[0] for row in rows]).update(next_attempt_at=now)
+            for task_id, run_id, backend in rows:
+                work_committed(WorkKind.TASK, now, run_id, task_id if backend else None)
+        return len(rows)
+
+
+RUNS = Runs()
+TASKS = Tasks()
+
+
+def task_limits(task: StepTask) -> tuple[Concurrency | None, RateSpec | None]:
+    """A task's concurrency limit and rate, as its ``task.requested`` recorded them."""
+    flow = task.flow or {}
+    concurrency = None
+    if task.flow_key and "max" in flow:
+        concurrency = Concurrency(task.flow_scope, task.flow_key, int(flow["max"]))
+    rate = None
+    if flow.get("rate"):
+        r = flow["rate"]
+        rate = RateSpec(r["scope"], r["key"], int(r["limit"]), parse_duration(r["per"]))
+    return concurrency, rate
+
+
+def admit_task(task: StepTask, now: datetime) -> bool:
+    """Whether the task's next attempt may start now; if not, it is parked
+    (no next attempt time until a slot frees, or the rate's next window)."""
+    concurrency, rate = task_limits(task)
+    if concurrency is None and rate is None:
+        return True
+    hold = admit(TASKS, concurrency, rate, new=task.held_by != CONCURRENCY, now=now)
+    if hold is None:
+        if task.held_by:  # operational, like the parking: not an event
+            StepTask.objects.filter(pk=task.id).update(held_by="")
+            task.held_by = ""
+        return True
+    parked: dict[str, object] = {"next_attempt_at": hold.until, "held_by": hold.why}
+    if task.backend:  # handed to its backend again once it is due
+        parked["enqueued_attempt"] = task.attempt
+    StepTask.objects.filter(pk=task.id).update(**parked)
+    return False
+
+
+def release_task(task: StepTask) -> None:
+    """A limited attempt stopped running (in this transaction): wake parked ones."""
+    concurrency, _ = task_limits(task)
+    if concurrency is not None:
+        release(TASKS, concurrency)

@@ -1,0 +1,90 @@
+"""An operator raises (or lowers) a limit without a deploy: ``set_flow_limit``.
+
+The override is a row (``FlowLimit``) read by every admission (each process
+reads the overrides again at most :data:`~kumiflow_django.flow.admission.OVERRIDE_TTL`
+seconds later, the calling process at once). Raising a limit wakes the runs
+and attempts parked in its scope: they are admitted again by the new limit.
+"""
+
+from __future__ import annotations
+
+from kumiflow_django.definition.flow import MAX_SCOPE_LENGTH
+from kumiflow_django.flow.admission import CONCURRENCY, RATE, forget_overrides
+from kumiflow_django.flow.models import FlowKey, FlowLimit
+from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.projections.tasks import StepTask, TaskStatus
+from kumiflow_django.store import clock, db
+from kumiflow_django.store.audit import check_operator
+from kumiflow_django.store.errors import KumiflowError
+from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.store.wakeups import WorkKind, work_committed
+
+logger = get_logger("kumiflow_django.flow")
+
+
+def set_flow_limit(
+    scope: str,
+    *,
+    max_active: int | None = None,
+    rate_limit: int | None = None,
+    by: str = "",
+    reason: str = "",
+) -> FlowLimit | None:
+    """Override the limit (``max_active`` per key) and/or the rate (admissions
+    per window) of ``scope``: a workflow's name, or the ``scope=`` of a
+    ``Limit``/``Rate`` (a task step's default scope is ``workflow/step``).
+    None keeps the declared value; with both None the override is removed.
+    Returns the override (None when removed)."""
+    if not isinstance(scope, str) or not 0 < len(scope) <= MAX_SCOPE_LENGTH:
+        raise KumiflowError(f"a scope is a name of 1 to {MAX_SCOPE_LENGTH} characters")
+    for what, value in (("max_active", max_active), ("rate_limit", rate_limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise KumiflowError(f"{what} must be a positive integer or None, not {value!r}")
+        if value is not None and value < 1:
+            raise KumiflowError(f"{what} must be 1 or more (None: the declared value), not {value}")
+    by, reason = check_operator(by, reason)
+    with db.atomic():
+        if max_active is None and rate_limit is None:
+            FlowLimit.objects.filter(scope=scope).delete()
+            override = None
+        else:
+            override, _ = FlowLimit.objects.update_or_create(
+                scope=scope,
+                defaults={
+                    "max_active": max_active,
+                    "rate_limit": rate_limit,
+                    "changed_by": by,
+                    "changed_at": clock.now(),
+                },
+            )
+        woken = _wake_scope(scope)
+        db.on_commit(forget_overrides)
+    forget_overrides()
+    logger.info(
+        "flow limit of %s set to max_active=%s rate_limit=%s by %s (%s); %d woken",
+        scope,
+        max_active,
+        rate_limit,
+        by or "code",
+        reason or "no reason given",
+        woken,
+    )
+    return override
+
+
+def _wake_scope(scope: str) -> int:
+    """Every parked run and attempt of the scope is checked again (and parked
+    again where the new limit still holds it)."""
+    now = clock.now()
+    runs = WorkflowRun.objects.filter(
+        flow_scope=scope, status=RunStatus.QUEUED, held_by__in=[CONCURRENCY, RATE]
+    ).update(wake_at=now)
+    tasks = StepTask.objects.filter(
+        flow_scope=scope, status=TaskStatus.PENDING, held_by__in=[CONCURRENCY, RATE]
+    ).update(next_attempt_at=now)
+    FlowKey.objects.filter(scope=scope).update(held=0)
+    if runs:
+        work_committed(WorkKind.RESUME, now)
+    if tasks:
+        work_committed(WorkKind.TASK, now)
+    return runs + tasks
