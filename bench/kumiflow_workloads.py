@@ -68,6 +68,38 @@ def w1(db: str) -> dict[str, Any]:
     return _w1(db, "kumiflow_bench_w1", contextlib.nullcontext)
 
 
+def w1_limited(db: str) -> dict[str, Any]:
+    """W1 with a concurrency limit on a per-run key (so no run waits), side by
+    side with W1 without one, in one process: blocks of 25 workflows
+    alternate between the two, so that a busy machine slows both alike."""
+    setup_django(database_url(db, "kumiflow_bench_w1l"))
+    from django.db import transaction
+
+    from kumiflow_django import append_event
+    from kumiflow_django.models import WorkflowRun
+
+    types = {"limited": "bench.w1l", "plain": "bench.w1"}
+    wall: dict[str, list[float]] = {"limited": [], "plain": []}
+    size, count = 25, 0
+    for round_ in range(42):  # two rounds of warm-up, then 1,000 workflows each way
+        for mode, event_type in types.items():
+            began = time.perf_counter()
+            for _ in range(size):
+                count += 1
+                with transaction.atomic():
+                    append_event(f"w1-{count}", event_type, {"n": count})
+            if round_ >= 2:
+                wall[mode].append(time.perf_counter() - began)
+    limited, plain = median(wall["limited"]), median(wall["plain"])
+    done = WorkflowRun.objects.filter(workflow="bench-w1-limited", status="completed").count()
+    return {
+        "workflows_per_s": round(size / limited, 1),
+        "workflows_per_s_without": round(size / plain, 1),
+        "cost": round(limited / plain - 1, 3),
+        "completed": done,
+    }
+
+
 def w1_observed(db: str) -> dict[str, Any]:
     """W1 with tracing and metrics on, side by side with W1 without them, in
     one process: blocks of 25 workflows alternate between the two, so that a
@@ -726,6 +758,7 @@ def w12(db: str) -> dict[str, Any]:
 WORKLOADS = {
     "W1": w1,
     "W1-observed": w1_observed,
+    "W1-limited": w1_limited,
     "W2": w2,
     "W3": w3,
     "W4": w4,

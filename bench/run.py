@@ -38,6 +38,7 @@ PLAN = {
     "W4": ["sqlite", "postgresql"],
     "W5": ["sqlite", "postgresql"],
     "W1-observed": ["sqlite", "postgresql"],
+    "W1-limited": ["sqlite", "postgresql"],
     "W6": ["sqlite", "postgresql"],
     "W7": ["postgresql"],
     "W8": ["postgresql"],
@@ -112,6 +113,16 @@ def targets(results: list[dict[str, Any]], peer: bool) -> list[dict[str, Any]]:
                 f"{observed['workflows_per_s']} vs {observed['workflows_per_s_without']}/s side "
                 f"by side ({observed['cost']:+.1%} time per workflow; "
                 f"CPU {observed['cpu_cost']:+.1%})",
+            )
+    for db in ("postgresql", "sqlite"):
+        limited = k("W1-limited", db)
+        if limited:
+            target(
+                f"W1 with a concurrency limit on a per-run key within 15 % of W1 ({db})",
+                limited["cost"] <= 0.15,
+                f"{limited['workflows_per_s']} vs {limited['workflows_per_s_without']}/s side "
+                f"by side ({limited['cost']:+.1%} time per workflow; "
+                f"{limited['completed']} limited runs completed)",
             )
     w1 = k("W1")
     if w1:

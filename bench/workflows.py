@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from kumiflow_django import define_workflow, on_event
+from kumiflow_django import Limit, define_workflow, on_event
 from kumiflow_django import steps as s
 
 
@@ -16,6 +16,14 @@ def _inc(ctx):
 w1 = define_workflow(
     "bench-w1",
     trigger=on_event("bench.w1"),
+    steps=[s.compute(f"step{i}", _inc) for i in range(5)],
+)
+
+# W1-limited: W1 with a concurrency limit on a per-run key (no run ever waits).
+w1_limited = define_workflow(
+    "bench-w1-limited",
+    trigger=on_event("bench.w1l"),
+    concurrency=Limit(key=lambda event: event.stream_id, max=1),
     steps=[s.compute(f"step{i}", _inc) for i in range(5)],
 )
 

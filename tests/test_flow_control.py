@@ -65,7 +65,11 @@ def test_one_run_per_key_at_a_time_the_others_queue_in_order(one_per_customer, c
     assert statuses(runs) == ["waiting", "queued", "queued"]
     assert reload(other).status == "waiting"  # another key is not held
     queued = reload(runs[1])
-    assert (queued.flow_scope, queued.flow_key, queued.held_by) == ("sync-customer", "c1", "concurrency")
+    assert (queued.flow_scope, queued.flow_key, queued.held_by) == (
+        "sync-customer",
+        "c1",
+        "concurrency",
+    )
     assert queued.wake_at is None  # parked: the end of the active run wakes it
 
     clock.advance(hours=1)
@@ -308,7 +312,10 @@ def test_a_task_concurrency_limit_parks_attempts_until_a_slot_frees(registry, cl
     assert set(parked.values_list("held_by", flat=True)) == {"concurrency"}
     assert FlowKey.objects.get(scope="geo", key="geo-api").held == 3
     attempts.record(claimed[0], attempts.run(claimed[0]))
-    assert StepTask.objects.filter(status=TaskStatus.PENDING, next_attempt_at__isnull=False).count() == 1
+    assert (
+        StepTask.objects.filter(status=TaskStatus.PENDING, next_attempt_at__isnull=False).count()
+        == 1
+    )
     more = attempts.claim_due(the_clock.now(), worker="w", limit=10)
     assert len(more) == 1
     assert StepTask.objects.filter(status=TaskStatus.RUNNING).count() == 2
@@ -329,7 +336,9 @@ def test_a_task_rate_waits_for_the_next_window(registry, clock):
     assert len(attempts.claim_due(the_clock.now(), worker="w", limit=10)) == 2
     held = StepTask.objects.filter(held_by="rate")
     assert held.count() == 3
-    assert set(held.values_list("next_attempt_at", flat=True)) == {clock.now() + timedelta(minutes=1)}
+    assert set(held.values_list("next_attempt_at", flat=True)) == {
+        clock.now() + timedelta(minutes=1)
+    }
 
 
 # -- definitions that are refused ---------------------------------------------------

@@ -1,5 +1,5 @@
 """The admin, the operator console: the overview, runs, the event log, the
-outbox and the cron schedules.
+outbox, the cron schedules and flow control (:mod:`.flow`).
 
 Nothing is edited in place; changes happen only through the operations
 (:mod:`kumiflow_django.engine.operations`, ``redeliver``/``cancel_dispatch``,
@@ -12,7 +12,16 @@ in :mod:`.overview`; search in :mod:`.search`.
 
 from kumiflow_django.admin.dispatches import DispatchAdmin
 from kumiflow_django.admin.events import EventAdmin
+from kumiflow_django.admin.flow import FlowKeyAdmin, FlowLimitAdmin, RateBucketAdmin
 from kumiflow_django.admin.runs import WorkflowRunAdmin
 from kumiflow_django.admin.schedules import CronScheduleAdmin
 
-__all__ = ["CronScheduleAdmin", "DispatchAdmin", "EventAdmin", "WorkflowRunAdmin"]
+__all__ = [
+    "CronScheduleAdmin",
+    "DispatchAdmin",
+    "EventAdmin",
+    "FlowKeyAdmin",
+    "FlowLimitAdmin",
+    "RateBucketAdmin",
+    "WorkflowRunAdmin",
+]

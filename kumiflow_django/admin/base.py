@@ -22,6 +22,7 @@ from django.utils.translation import ngettext
 from kumiflow_django.conf import settings
 
 COLOURS = {
+    "queued": "#a16207",
     "pending": "#6b7280",
     "running": "#2563eb",
     "waiting": "#0891b2",

@@ -75,8 +75,11 @@ def _rate(workflow: Workflow, key: str) -> RateSpec | None:
     return RateSpec(rate_scope_of(workflow), key, rate.limit, rate.period)
 
 
-def admit_new(workflow: Workflow, flow: dict[str, Any] | None) -> Hold | None:
-    """Whether a run starting now may run (None), or what holds it."""
+def admit_new(
+    workflow: Workflow, flow: dict[str, Any] | None, report: dict[str, bool] | None = None
+) -> Hold | None:
+    """Whether a run starting now may run (None), or what holds it (``report``:
+    see :func:`kumiflow_django.flow.admission.admit`)."""
     if not flow:
         return None
     return admission.admit(
@@ -84,6 +87,7 @@ def admit_new(workflow: Workflow, flow: dict[str, Any] | None) -> Hold | None:
         _concurrency(workflow, flow.get("scope", ""), flow.get("key", "")),
         _rate(workflow, flow.get("rate_key", "")),
         new=True,
+        report=report,
     )
 
 

@@ -84,6 +84,8 @@ class Opening:
     workflow_name: str = ""
     #: The trace context the run continues (a new run's origin; telemetry).
     trace: dict[str, str] | None = None
+    #: A new limited run admitted with nothing parked behind its key.
+    flow_quiet: bool = False
     version: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +144,7 @@ def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> Workflow
 
 def _run(opening: Opening) -> WorkflowRun:
     segment = Segment(opening.run_id, opening.tenant, opening.row)
+    segment.flow_quiet = opening.flow_quiet
     for type_, payload in opening.first:
         observed.stamp(segment.add(type_, dict(payload)), opening)
     if opening.failure is not None:  # known before anything runs: nothing to roll back

@@ -85,6 +85,8 @@ class Segment:
         self.cancellations: list[Cancellation] = []
         self.had_waits = run is not None and run.branch_waits > 0
         self.was_finished = run is not None and run.status in FINISHED
+        #: Set by the runner: a new run admitted with nothing parked behind its key.
+        self.flow_quiet = False
 
     def add(self, type_: str, payload: dict[str, Any], *, created_by: str = "") -> Event:
         return self.run.add(type_, payload, created_by=created_by)
@@ -131,7 +133,7 @@ class Segment:
         if self.cancellations:
             children.cancel(row, self.cancellations)
         ended = row.status in FINISHED and not self.was_finished
-        if ended and row.flow_key:
+        if ended and row.flow_key and not (self.run.new and self.flow_quiet):
             admission.release(row)  # wake the runs parked behind its key
         if ended or (self.run.events and self.run.events[-1].type == ev.COMPENSATION_STARTED):
             cancelled = row.status == RunStatus.CANCELLED or (

@@ -208,7 +208,7 @@ def _debounce(
     been quiet for ``debounce`` (or ``max_wait`` after its first event)."""
     assert trigger.debounce is not None
     now = clock.now()
-    lock_key(f"debounce:{workflow.name}", f"{event.tenant_id}:{group}")
+    lock_key(f"debounce:{workflow.name}", f"{event.tenant_id}:{group}")  # one burst per key
     until = now + parse_duration(trigger.debounce)
     queued = for_update(
         WorkflowRun.objects.filter(
@@ -317,6 +317,7 @@ def start_run(
                 f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
             )
         held = False
+        report: dict[str, bool] = {}
         if reason is None:
             try:
                 flow = admission.resolve(workflow, trigger)
@@ -325,7 +326,7 @@ def start_run(
             if debounce is not None:
                 flow = {**(flow or {}), **debounce}
             elif flow is not None:
-                hold = admission.admit_new(workflow, flow)
+                hold = admission.admit_new(workflow, flow, report)
                 if hold is not None:
                     flow["held"] = admission.held_payload(hold)
             if flow is not None:
@@ -348,6 +349,9 @@ def start_run(
             failure=reason,
             key=key,
             workflow_name=workflow.name,
+            # admitted with nothing parked behind its key (whose lock this
+            # transaction holds): ending in this segment wakes nobody
+            flow_quiet=report.get("quiet", False),
             # telemetry: the run's origin, stored on run-started
             trace=(telemetry.carried(trigger.metadata) or telemetry.carrier())
             if telemetry.tracing()

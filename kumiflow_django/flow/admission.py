@@ -26,10 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from django.db import IntegrityError
-
 from kumiflow_django.flow.models import FlowKey, FlowLimit, RateBucket
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, sql
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.telemetry import get_logger
 
@@ -113,30 +111,41 @@ def rate_limit(scope: str, declared: int) -> int:
 # -- locks ------------------------------------------------------------------
 
 
-def lock_key(scope: str, key: str) -> FlowKey:
-    """The key's row, locked until the transaction ends (created if missing)."""
+def lock_key(scope: str, key: str) -> tuple[FlowKey, bool]:
+    """The key's row, locked until the transaction ends, and whether it is new.
+
+    A new row means no item of the key was ever admitted (rows are deleted only
+    when their key has nothing active or parked, under this same lock), so a
+    new key admits without counting: one statement for a per-run key."""
     for _ in range(5):
+        now = clock.now()
+        if sql.insert_if_absent(
+            FlowKey, {"scope": scope, "key": key, "held": 0, "created_at": now}, using=db.alias()
+        ):
+            return FlowKey(scope=scope, key=key, held=0, created_at=now), True
         row = for_update(FlowKey.objects.filter(scope=scope, key=key)).first()
         if row is not None:
-            return row
-        try:
-            with db.atomic():  # a savepoint: a concurrent insert is not an error here
-                return FlowKey.objects.create(scope=scope, key=key, created_at=clock.now())
-        except IntegrityError:
-            continue  # another transaction created it: lock theirs
+            return row, False
+        # deleted between the two statements (an idle key purged): insert again
     raise RuntimeError(f"could not lock flow key {scope!r}/{key!r}")
 
 
 def lock_bucket(scope: str, key: str, window: datetime) -> RateBucket:
+    """The key's bucket, locked until the transaction ends (created if missing)."""
     for _ in range(5):
+        fresh = {
+            "scope": scope,
+            "key": key,
+            "window_start": window,
+            "count": 0,
+            "skipped": 0,
+            "skipped_positions": [],
+        }
+        if sql.insert_if_absent(RateBucket, fresh, using=db.alias()):
+            return for_update(RateBucket.objects.filter(scope=scope, key=key)).get()
         row = for_update(RateBucket.objects.filter(scope=scope, key=key)).first()
         if row is not None:
             return row
-        try:
-            with db.atomic():
-                return RateBucket.objects.create(scope=scope, key=key, window_start=window)
-        except IntegrityError:
-            continue
     raise RuntimeError(f"could not lock rate bucket {scope!r}/{key!r}")
 
 
@@ -157,19 +166,26 @@ def admit(
     *,
     new: bool,
     now: datetime | None = None,
+    report: dict[str, bool] | None = None,
 ) -> Hold | None:
     """None if the item may become active now (the caller makes it so in this
     transaction); else why not, and until when.
 
     ``new``: the item was never parked (a start, a first attempt): it queues
-    behind the key's parked items instead of overtaking them.
+    behind the key's parked items instead of overtaking them. ``report["quiet"]``
+    tells an admitted item that nothing is parked behind its key: an item that
+    also ends in this transaction (which holds the key's lock until it commits)
+    need not wake anything.
     """
     now = now or clock.now()
     flow_key: FlowKey | None = None
+    held_before = 0
     if concurrency is not None:
         limit = max_active(concurrency.scope, concurrency.max)
-        flow_key = lock_key(concurrency.scope, concurrency.key)
-        free = limit - gate.active(concurrency.scope, concurrency.key)
+        flow_key, created = lock_key(concurrency.scope, concurrency.key)
+        held_before = flow_key.held
+        # A new key: nothing of it was ever admitted, nothing to count or wake.
+        free = limit if created else limit - gate.active(concurrency.scope, concurrency.key)
         if free > 0 and new and flow_key.held:
             # Wake those in line first; take a slot only if they leave one.
             woken = gate.wake(concurrency.scope, concurrency.key, free)
@@ -177,12 +193,16 @@ def admit(
             free -= woken
         if free <= 0:
             flow_key.held += 1
-            flow_key.save(update_fields=["held"])
+            _save_held(flow_key, held_before)
             return Hold(
                 CONCURRENCY,
                 None,
                 f"{concurrency.scope} key {concurrency.key!r}: {limit} active (the limit)",
             )
+    if flow_key is not None:
+        _save_held(flow_key, held_before)
+    if report is not None:
+        report["quiet"] = flow_key is None or not flow_key.held
     if rate is not None:
         limit = rate_limit(rate.scope, rate.limit)
         window = window_of(now, rate.period)
@@ -191,15 +211,16 @@ def admit(
             bucket.window_start, bucket.count = window, 0
         if bucket.count >= limit:
             bucket.save(update_fields=["window_start", "count"])
-            if flow_key is not None:
-                flow_key.save(update_fields=["held"])
             until = window + rate.period
             return Hold(RATE, until, f"{rate.scope} key {rate.key!r}: {limit} per window")
         bucket.count += 1
         bucket.save(update_fields=["window_start", "count"])
-    if flow_key is not None:
-        flow_key.save(update_fields=["held"])
     return None
+
+
+def _save_held(flow_key: FlowKey, before: int) -> None:
+    if flow_key.held != before:
+        FlowKey.objects.filter(scope=flow_key.scope, key=flow_key.key).update(held=flow_key.held)
 
 
 def release(gate: Gate, concurrency: Concurrency) -> int:
@@ -216,6 +237,6 @@ def release(gate: Gate, concurrency: Concurrency) -> int:
     if free <= 0:
         return 0
     woken = gate.wake(concurrency.scope, concurrency.key, free)
-    flow_key.held = 0 if woken < free else flow_key.held - woken
-    flow_key.save(update_fields=["held"])
+    held = 0 if woken < free else flow_key.held - woken
+    _save_held(FlowKey(scope=flow_key.scope, key=flow_key.key, held=held), flow_key.held)
     return woken

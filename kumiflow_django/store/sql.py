@@ -90,3 +90,23 @@ def update_changed(obj: Model, before: dict[str, Any], *, where: dict[str, Any],
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+def insert_if_absent(model: type[Model], values: dict[str, Any], *, using: str) -> bool:
+    """Insert one row unless it would break a unique constraint; True if it was
+    inserted (then this transaction holds the new row's lock). One statement:
+    ``ON CONFLICT DO NOTHING`` (PostgreSQL, SQLite) or ``INSERT IGNORE`` (MariaDB)."""
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    fields = [model._meta.get_field(name) for name in values]
+    columns = ", ".join(quote(f.column) for f in fields)
+    params = [f.get_db_prep_save(values[f.name], connection) for f in fields]
+    marks = ", ".join(["%s"] * len(fields))
+    table = quote(model._meta.db_table)
+    if connection.vendor == "mysql":
+        sql = f"INSERT IGNORE INTO {table} ({columns}) VALUES ({marks})"  # noqa: S608 - quoted names
+    else:
+        sql = f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.rowcount == 1)
