@@ -400,3 +400,18 @@ def test_flow_control_does_not_change_a_definitions_fingerprint(registry):
         register=False,
     )
     assert plain.fingerprint == limited.fingerprint
+
+
+def test_idle_keys_are_purged_and_a_purged_key_admits_again(one_per_customer, clock):
+    from kumiflow_django.flow.limits import purge_idle_keys
+
+    done = start_workflow("sync-customer", payload={"customer": "c1", "n": 1})
+    busy = start_workflow("sync-customer", payload={"customer": "c2", "n": 2})
+    clock.advance(hours=1)
+    run_until_idle()
+    start_workflow("sync-customer", payload={"customer": "c2", "n": 3})  # c2 busy again
+    assert reload(done).status == reload(busy).status == "completed"
+    assert purge_idle_keys(clock.now() + timedelta(seconds=1)) == 1
+    assert list(FlowKey.objects.values_list("key", flat=True)) == ["c2"]
+    again = start_workflow("sync-customer", payload={"customer": "c1", "n": 4})
+    assert reload(again).status == "waiting"

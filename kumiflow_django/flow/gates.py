@@ -4,7 +4,8 @@ A run is active from its admission until it finishes (running, waiting,
 sleeping, retrying: "started and not finished"); a queued run is parked
 (``held_by="concurrency"`` and no wake time) until a slot frees. A task
 attempt is active while it runs; a parked attempt has no next attempt time.
-Waking sets the wake time to now, in order of priority, then of arrival;
+Waking sets the wake time to now, in order of priority, then of arrival
+(the start, then the log's position at the start: starts in one instant);
 rows another transaction holds are skipped (it is deciding about them).
 """
 
@@ -47,7 +48,7 @@ class Runs:
             status=RunStatus.QUEUED,
             held_by=CONCURRENCY,
             wake_at__isnull=True,
-        ).order_by("-priority", "started_at")
+        ).order_by("-priority", "started_at", "since_position")
         ids = list(for_update(parked, skip_locked=True).values_list("id", flat=True)[:n])
         if ids:
             now = clock.now()

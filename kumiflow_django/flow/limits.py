@@ -1,4 +1,5 @@
-"""An operator raises (or lowers) a limit without a deploy: ``set_flow_limit``.
+"""Operating flow control: ``set_flow_limit`` raises (or lowers) a limit
+without a deploy; :func:`purge_idle_keys` deletes the rows of keys nothing uses.
 
 The override is a row (``FlowLimit``) read by every admission (each process
 reads the overrides again at most :data:`~kumiflow_django.flow.admission.OVERRIDE_TTL`
@@ -8,13 +9,16 @@ and attempts parked in its scope: they are admitted again by the new limit.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from kumiflow_django.definition.flow import MAX_SCOPE_LENGTH
 from kumiflow_django.flow.admission import CONCURRENCY, RATE, forget_overrides
 from kumiflow_django.flow.models import FlowKey, FlowLimit
-from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.store import clock, db
 from kumiflow_django.store.audit import check_operator
+from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import KumiflowError
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
@@ -88,3 +92,36 @@ def _wake_scope(scope: str) -> int:
     if tasks:
         work_committed(WorkKind.TASK, now)
     return runs + tasks
+
+
+def purge_idle_keys(created_before: datetime, *, limit: int = 10_000) -> int:
+    """Delete the rows of keys created before ``created_before`` that have
+    nothing active, queued or parked (a per-run key leaves one row per run).
+
+    Each key is checked and deleted under its own lock, in a transaction of
+    its own: an admission that takes the key meanwhile either comes first
+    (then the key is kept) or creates the row again after the delete."""
+    candidates = list(
+        FlowKey.objects.filter(created_at__lt=created_before, held=0)
+        .order_by("created_at")
+        .values_list("pk", "scope", "key")[:limit]
+    )
+    deleted = 0
+    for pk, scope, key in candidates:
+        with db.atomic():
+            row = for_update(FlowKey.objects.filter(pk=pk, held=0)).first()
+            if row is None:
+                continue
+            runs = WorkflowRun.objects.filter(flow_scope=scope, flow_key=key).exclude(
+                status__in=FINISHED
+            )
+            tasks = StepTask.objects.filter(
+                flow_scope=scope, flow_key=key, status__in=[TaskStatus.PENDING, TaskStatus.RUNNING]
+            )
+            if runs.exists() or tasks.exists():
+                continue
+            row.delete()
+            deleted += 1
+    if deleted:
+        logger.info("deleted %d idle flow key(s) created before %s", deleted, created_before)
+    return deleted

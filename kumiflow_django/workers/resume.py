@@ -69,6 +69,7 @@ _COLUMNS = (
     "tenant_id",
     "wake_at",
     "started_at",
+    "since_position",
 )
 
 
@@ -87,7 +88,9 @@ def due_runs(now: datetime, limit: int, *, free: bool = False) -> list[Due]:
     due = WorkflowRun.objects.due(now)
     if free:
         due = due.filter(Q(lease_owner="") | Q(lease_until__lt=now))
-    probe = list(due.order_by("wake_at", "started_at").values_list(*_COLUMNS)[: limit + 1])
+    probe = list(
+        due.order_by("wake_at", "started_at", "since_position").values_list(*_COLUMNS)[: limit + 1]
+    )
     if len(probe) <= limit:
         return _fair(probe)[:limit]
     weights = settings.TENANT_WEIGHTS
@@ -96,9 +99,9 @@ def due_runs(now: datetime, limit: int, *, free: bool = False) -> list[Due]:
         turn=Window(
             RowNumber(),
             partition_by=[F("priority"), F("tenant_id")],
-            order_by=[F("wake_at").asc(), F("started_at").asc()],
+            order_by=[F("wake_at").asc(), F("started_at").asc(), F("since_position").asc()],
         )
-    ).order_by("-priority", "turn", "wake_at", "started_at")
+    ).order_by("-priority", "turn", "wake_at", "started_at", "since_position")
     return _fair(list(ranked.values_list(*_COLUMNS)[: limit * heaviest]))[:limit]
 
 
@@ -109,10 +112,10 @@ def _fair(rows: list[tuple[Any, ...]]) -> list[Due]:
     weights = settings.TENANT_WEIGHTS
     turns: dict[tuple[int, str], int] = {}
     keyed = []
-    for row in sorted(rows, key=lambda r: (-r[4], r[6], r[7])):
+    for row in sorted(rows, key=lambda r: (-r[4], r[6], r[7], r[8])):
         group = (row[4], row[5])
         turns[group] = turns.get(group, 0) + 1
-        keyed.append(((-row[4], turns[group] / weights.get(row[5], 1), row[6], row[7]), row))
+        keyed.append(((-row[4], turns[group] / weights.get(row[5], 1), *row[6:9]), row))
     keyed.sort(key=lambda item: item[0])
     return [Due(*row[:4]) for _, row in keyed]
 

@@ -1,4 +1,5 @@
-"""``manage.py kumiflow_retention``: delete finished runs older than a cut-off."""
+"""``manage.py kumiflow_retention``: delete finished runs older than a cut-off
+(and the rows of flow-control keys that nothing uses any more)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kumiflow_django.management.loop_command import (
     positive_float,
     positive_int,
 )
+from kumiflow_django.flow.limits import purge_idle_keys
 from kumiflow_django.projections.retention import LockLost, Retention
 from kumiflow_django.store import clock
 from kumiflow_django.store.locks import LockHeld
@@ -96,3 +98,7 @@ class Command(BaseCommand):
         )
         if report.archive is not None:
             self.stdout.write(f"archived to {report.archive}")
+        # Flow control's keys (one row per key, so one per run for a per-run key).
+        keys = purge_idle_keys(finished_before)
+        if keys:
+            self.stdout.write(f"deleted {keys} idle flow key(s)")
