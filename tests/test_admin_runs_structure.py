@@ -16,7 +16,6 @@ from django.urls import reverse
 from kumiflow_django import append_event, current_task, define_workflow, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.models import RunStatus, StepTask, WorkflowRun
-
 from kumiflow_django.testing import run_until_idle
 from testproject.shop.tasks import double
 
@@ -39,7 +38,14 @@ def flaky(n: int) -> int:
 def page_of(client, run) -> str:
     response = client.get(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
     assert response.status_code == 200
-    return response.content.decode()
+    return str(response.content.decode())
+
+
+def lineage_of(page: str) -> str:
+    """The line at the head of a child run's page that names its parent and root."""
+    match = re.search(r'id="kf-lineage">(.*?)</p>', page, re.S)
+    assert match is not None
+    return match.group(1)
 
 
 def section(page: str, element_id: str) -> str:
@@ -58,6 +64,12 @@ def lanes(page: str) -> dict[str, str]:
         name: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text.split("</fieldset>")[0])).strip()
         for name, text in found
     }
+
+
+def timeline_lines(page: str) -> list[str]:
+    """What each line of the page's timeline says, as text."""
+    found = re.findall(r'<span class="kf-what">(.*?)</span>', page, re.S)
+    return [re.sub(r"\s+", " ", text).strip() for text in found]
 
 
 def reload(run):
@@ -181,7 +193,7 @@ def test_a_failed_branch_is_marked_failed_where_it_failed(admin_client, registry
     assert reload(run).status == RunStatus.FAILED
     found = lanes(page_of(admin_client, run))
     assert found["fails"].startswith("fails failed at 0.fails.1")
-    assert found["waits"].startswith("waits waiting at 0.waits.0")
+    assert found["waits"].startswith("waits cancelled at 0.waits.0"), "the failure cancelled it"
 
 
 def test_a_parallel_for_each_over_a_thousand_items_draws_a_bounded_page(
@@ -228,9 +240,7 @@ def family(registry):
     return top, middle, leaf
 
 
-def test_a_run_lists_its_children_and_a_child_links_to_its_parent_and_root(
-    admin_client, family
-):
+def test_a_run_lists_its_children_and_a_child_links_to_its_parent_and_root(admin_client, family):
     top, middle, leaf = family
     page = page_of(admin_client, top)
     panel = section(page, "kf-children")
@@ -238,16 +248,17 @@ def test_a_run_lists_its_children_and_a_child_links_to_its_parent_and_root(
     assert f'<a href="{middle_url}">{str(middle.pk)[:8]}</a>' in panel
     assert "<td>middle</td>" in panel and "waiting" in panel
     assert f"?parent={top.pk}" in panel, "all of them in the run list"
+    assert f"waits at step 0 for child run {str(middle.pk)[:8]}" in timeline_lines(page)
     # The child step in the picture says which run it started.
     assert re.search(rf'child run <a href="{middle_url}">', page)
 
     top_url = reverse("admin:kumiflow_workflowrun_change", args=[top.pk])
     middle_page = page_of(admin_client, middle)
-    lineage = re.search(r'id="kf-lineage">(.*?)</p>', middle_page, re.S).group(1)
+    lineage = lineage_of(middle_page)
     assert f'A child run of <a href="{top_url}">' in lineage and "root" not in lineage
 
     leaf_page = page_of(admin_client, leaf)
-    lineage = re.search(r'id="kf-lineage">(.*?)</p>', leaf_page, re.S).group(1)
+    lineage = lineage_of(leaf_page)
     assert f'A child run of <a href="{middle_url}">' in lineage
     assert f'root <a href="{top_url}">' in lineage and "depth 2" in lineage
     assert 'id="kf-lineage"' not in page, "a root run has no parent"
@@ -295,10 +306,7 @@ def test_compensations_read_as_words_in_the_timeline(admin_client, registry, clo
     assert reload(run).compensation == "compensated"
 
     page = page_of(admin_client, run)
-    said = [
-        re.sub(r"\s+", " ", text).strip()
-        for text in re.findall(r'<span class="kf-what">(.*?)</span>', page, re.S)
-    ]
+    said = timeline_lines(page)
     started = next(t for t in said if "compensating step 2" in t and t.startswith("the run"))
     assert started.startswith("the run failed (step_failed: ZeroDivisionError")
     assert "compensating step 2 (compute hotel), then step 0 (compute flight)" in started
@@ -330,7 +338,7 @@ def test_a_failed_compensation_says_which_step_it_undid(admin_client, registry, 
     run_until_idle()
     assert reload(run).compensation == "compensation_failed"
     page = page_of(admin_client, run)
-    said = [re.sub(r"\s+", " ", t).strip() for t in re.findall(r'kf-what">(.*?)</span>', page, re.S)]
+    said = timeline_lines(page)
     assert said[-1].startswith("the compensation of step 1 (compute b) failed: KeyError")
 
 

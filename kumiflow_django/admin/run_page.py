@@ -22,8 +22,8 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin.display import duration, value_details, when
 from kumiflow_django.admin import structure
+from kumiflow_django.admin.display import duration, value_details, when
 from kumiflow_django.admin.picture import StepNote, find, render
 from kumiflow_django.admin.timeline import Line, lines
 from kumiflow_django.conf import settings

@@ -279,6 +279,10 @@ def _position(
     return at, node["label"] if node else "", _wait_text(wait)
 
 
+#: A run in one of these states has no branch that goes on.
+_ENDED = (RunStatus.FAILED, RunStatus.CANCELLED)
+
+
 def _failed_in(run: WorkflowRun, prefix: str) -> bool:
     here = run.cursor_text
     return run.status == RunStatus.FAILED and (here == prefix or here.startswith(prefix + "."))
@@ -308,15 +312,13 @@ def _parallel(
             done = not isinstance(result, dict) or name in result
             branch.state = "done" if done else "cancelled"
         elif status == "waiting":
-            if run.status == RunStatus.CANCELLED:
-                branch.state = "cancelled"
-            else:
-                branch.state = "waiting"
+            # A run that ended (a branch failed, an operator cancelled) cancelled it.
+            branch.state = "cancelled" if run.status in _ENDED else "waiting"
             branch.at, branch.step, branch.waits = _position(
                 steps, prefix, data.get("cursor"), data.get("wait")
             )
         elif status == "ready":
-            branch.state = "cancelled" if run.status == RunStatus.CANCELLED else "running"
+            branch.state = "cancelled" if run.status in _ENDED else "running"
         elif status in ("done", "cancelled"):
             branch.state = status
         out.append(branch)
@@ -333,9 +335,7 @@ def _for_each(
     shown = []
     for index in sorted(inflight, key=lambda i: int(i))[:BRANCHES_SHOWN]:
         data = inflight[index]
-        branch = Branch(f"item {index}", "waiting")
-        if run.status == RunStatus.CANCELLED:
-            branch.state = "cancelled"
+        branch = Branch(f"item {index}", "cancelled" if run.status in _ENDED else "waiting")
         branch.at, branch.step, branch.waits = _position(
             steps, prefix, data.get("cursor"), data.get("wait")
         )
@@ -355,7 +355,8 @@ def branches(
     if not steps:
         return []
     state = run.state if isinstance(run.state, dict) else {}
-    entries = state.get("parallel") if isinstance(state.get("parallel"), dict) else {}
+    kept = state.get("parallel")
+    entries: dict[str, Any] = kept if isinstance(kept, dict) else {}
     trail = set(run.trail or ())
     out: list[Branches] = []
 

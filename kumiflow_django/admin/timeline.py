@@ -122,6 +122,39 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def _waiting_branches(p: dict[str, Any]) -> str:
+    waits = p.get("waits") or []
+    children = p.get("children") or []
+    parts = [f"{len(waits)} event(s)"] if waits else []
+    if children:
+        parts.append(f"{len(children)} child run(s)")
+    if p.get("wake_at"):
+        parts.append(f"a timer ({_at(p['wake_at'])})")
+    return f"waits at step {_cursor(p.get('cursor'))} in branches for " + (
+        ", ".join(parts) or "nothing more"
+    )
+
+
+def _child_settled(p: dict[str, Any]) -> str:
+    text = f"child run {str(p.get('child_id', '?'))[:8]} ({p.get('workflow', '?')}) ended "
+    text += str(p.get("status", "?"))
+    if p.get("error"):
+        text += f": {_first_line(p['error'], 160)}"
+    return text
+
+
+_SUMMARIES.update(
+    {
+        ev.STEP_WAITING_FOR_CHILD: lambda p: (
+            f"waits at step {_cursor(p.get('cursor'))} for child run "
+            f"{str(p.get('child_id', '?'))[:8]}"
+        ),
+        ev.STEP_WAITING_BRANCHES: _waiting_branches,
+        ev.CHILD_SETTLED: _child_settled,
+    }
+)
+
+
 def _dispatch_failed(p: dict[str, Any]) -> str:
     code = f" (HTTP {p['status_code']})" if p.get("status_code") else ""
     return f"attempt {p.get('attempt')} failed{code}: {_first_line(p.get('error'), 160)}"
@@ -171,6 +204,8 @@ _KINDS = {
     ev.RETRY_SCHEDULED: "failed",
     ev.STEP_WAITING: "wait",
     ev.STEP_WAITING_FOR_EVENT: "wait",
+    ev.STEP_WAITING_FOR_CHILD: "wait",
+    ev.STEP_WAITING_BRANCHES: "wait",
     ev.RUN_COMPLETED: "done",
     ev.DISPATCHED: "done",
     ev.DISPATCH_FAILED: "failed",
