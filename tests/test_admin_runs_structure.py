@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from kumiflow_django import append_event, current_task, define_workflow, start_workflow
@@ -371,9 +373,6 @@ def busy_run(registry, items: int):
 
 
 def queries_for(client, run) -> int:
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     with CaptureQueriesContext(connection) as captured:
         page_of(client, run)
     return len(captured)
@@ -389,3 +388,25 @@ def test_the_page_of_a_run_with_many_attempts_and_children_reads_a_bounded_numbe
         page = page_of(admin_client, large)
     assert len(re.findall(r'<tr class="kf-child">', page)) == 50
     assert len(re.findall(r'<tr class="kf-attempt ', page)) == 60
+
+
+def test_a_task_its_branch_lost_reads_cancelled_before_any_attempt(admin_client, registry, clock):
+    define_workflow(
+        "race",
+        steps=[
+            s.parallel(
+                "first",
+                {
+                    "slow": [s.task("doubled", double, args=[4])],
+                    "fast": [s.compute("now", lambda ctx: "fast")],
+                },
+                join="any",
+            ),
+        ],
+    )
+    run = start_workflow("race")
+    page = page_of(admin_client, run)
+    panel = section(page, "kf-attempts")
+    assert re.findall(r'kf-attempt kf-attempt-(\w+)"', panel) == ["cancelled"]
+    assert "none ran" in panel
+    assert lanes(page) == {"slow": "slow cancelled", "fast": "fast done"}, "the join was met"
