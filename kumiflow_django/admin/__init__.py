@@ -6,7 +6,8 @@ Nothing is edited in place; changes happen only through the operations
 ``kumiflow_django.cron.schedules``, ``append_event``), each behind its own
 permission and a confirmation page (:mod:`.confirm`), each recorded with the
 operator and a reason. A run's page is gathered in :mod:`.run_page` (its
-picture in :mod:`.picture`, its timeline in :mod:`.timeline`); the overview
+picture in :mod:`.picture`, its branches, task attempts and child runs in
+:mod:`.structure`, its timeline in :mod:`.timeline`); the overview
 in :mod:`.overview`; search in :mod:`.search`.
 """
 

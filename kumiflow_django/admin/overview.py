@@ -111,7 +111,8 @@ def _list_url(name: str, params: dict[str, Any]) -> str:
 
 
 def runs_url(**params: Any) -> str:
-    return _list_url("workflowrun", params)
+    # The overview counts child runs too: its links list them (the list hides them by default).
+    return _list_url("workflowrun", {**params, "children": "yes"})
 
 
 def dispatches_url(**params: Any) -> str:

@@ -4,9 +4,11 @@
   failure and the step results the run had then, from its ``run-failed`` event;
 - the wait panel (a run waiting for an event): what it waits for;
 - the picture of its steps, drawn from the definition it started on (the
-  snapshot stored by fingerprint), with each step's result, duration, and
-  the delivery of each mail or webhook;
-- the timeline.
+  snapshot stored by fingerprint), with each step's result, duration, the
+  delivery of each mail or webhook, the state of each task and child run;
+- its structure (:mod:`.structure`): the branches of its parallel steps side
+  by side, its task attempts, its child runs (and a child's parent and root);
+- the timeline, with the compensations in words.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from kumiflow_django.admin import structure
 from kumiflow_django.admin.display import duration, value_details, when
 from kumiflow_django.admin.picture import StepNote, find, render
 from kumiflow_django.admin.timeline import Line, lines
@@ -175,17 +178,19 @@ def _deliveries(run: WorkflowRun, node: dict[str, Any], rows: list[Any]) -> list
 
 for _kind in ("mail_send", "webhook_send"):
     STEP_NOTES.setdefault(_kind, _deliveries)
+STEP_NOTES.setdefault("task", structure.task_note)
+STEP_NOTES.setdefault("child", structure.child_note)
 
 
 def _notes(
-    run: WorkflowRun, steps: list[dict[str, Any]], events: list[Event], rows: list[Dispatch]
+    run: WorkflowRun,
+    steps: list[dict[str, Any]],
+    events: list[Event],
+    by_step: Mapping[str, list[Any]],
+    results: dict[str, Any],
 ) -> dict[str, StepNote]:
     now = clock.now()
     durations = _durations(events, now)
-    results = _results(run, events)
-    by_step: dict[str, list[Any]] = defaultdict(list)
-    for row in rows:
-        by_step[row.step_path].append(row)
     cap = settings.ADMIN_PAYLOAD_CHARS
     notes: dict[str, StepNote] = {}
 
@@ -204,6 +209,15 @@ def _notes(
 
     visit(steps)
     return notes
+
+
+def _flat(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for node in nodes:
+        out.append(node)
+        for kids in node["children"].values():
+            out += _flat(kids)
+    return out
 
 
 def _failure(
@@ -245,8 +259,18 @@ def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
 def context(run: WorkflowRun) -> dict[str, Any]:
     events = _events(run)
     rows = list(Dispatch.objects.filter(run_id=run.id).order_by("created_at")[:DISPATCHES])
+    attempts = structure.task_attempts(run)
+    kids = structure.children(run)
+    by_step: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        by_step[row.step_path].append(row)
+    for task in attempts.tasks:
+        by_step[task.step_path].append(task)
+    for kid in kids.rows:
+        by_step[kid.parent_step].append(kid)
     definition = definition_of(run)
     steps = definition.outline["steps"] if definition.outline else None
+    results = _results(run, events)
     picture = None
     if steps is not None:
         picture = render(
@@ -254,11 +278,16 @@ def context(run: WorkflowRun) -> dict[str, Any]:
             trail=run.trail,
             cursor=run.cursor,
             status=run.status,
-            notes=_notes(run, steps, events, rows),
+            notes=_notes(run, steps, events, by_step, results),
         )
     merged = sorted([*events, *_outbox_events(rows)], key=lambda e: e.position)
-    timeline: list[Line] = lines(merged, own_stream=str(run.id))
+    labels = {n["path"]: n["label"] for n in _flat(steps or [])}
+    timeline: list[Line] = lines(merged, own_stream=str(run.id), labels=labels)
     return {
+        "attempts": attempts,
+        "children": kids,
+        "lineage": structure.lineage(run),
+        "branches": structure.branches(run, steps, results),
         "run": run,
         "active": run.status not in FINISHED,
         "failure": _failure(run, events, steps),

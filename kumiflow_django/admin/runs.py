@@ -249,6 +249,46 @@ class AttentionFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ParentFilter(InputFilter):
+    """The child runs of one run (its id): shown whatever "child runs" says."""
+
+    title = "parent run"
+    parameter_name = "parent"
+    field = "parent_id"
+
+
+class ChildRunsFilter(admin.SimpleListFilter):
+    """Child runs are hidden by default (a fan-out of a thousand children would
+    bury the runs people started); "yes" lists them, and so do a parent filter
+    and a search (a run looked for by its id or key is found, child or not)."""
+
+    title = "show child runs"
+    parameter_name = "children"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "yes")]
+
+    def choices(self, changelist: Any) -> Any:
+        yield {
+            "selected": self.value() != "yes",
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "no (default)",
+        }
+        yield {
+            "selected": self.value() == "yes",
+            "query_string": changelist.get_query_string({self.parameter_name: "yes"}),
+            "display": "yes",
+        }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        shown = self.value() == "yes" or any(
+            request.GET.get(name, "").strip() for name in (ParentFilter.parameter_name, "q")
+        )
+        if shown:
+            return queryset
+        return queryset.filter(parent_id__isnull=True)
+
+
 class RunChangeList(CheckedChangeList):
     """The run list, with each row's business key read in one query per page."""
 
@@ -288,7 +328,14 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     # the filters. Where a run is and what it waits for sit under its status.
     list_display = ["short_id", "workflow", "status_badge", "key", "started"]
     list_display_links = ["short_id"]
-    list_filter = ["status", WorkflowFilter, TenantFilter, AttentionFilter]
+    list_filter = [
+        "status",
+        WorkflowFilter,
+        TenantFilter,
+        AttentionFilter,
+        ChildRunsFilter,
+        ParentFilter,
+    ]
     search_fields = ["id"]
     search_help_text = (
         "The first characters of a run id (4 or more) or of an idempotency key, or a value "

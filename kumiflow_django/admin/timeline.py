@@ -8,6 +8,7 @@ behind a click.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from django.urls import reverse
 from kumiflow_django.admin.display import compact, json_text, plain_when
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.durations import parse_instant
+from kumiflow_django.projections.runs import COMPENSATE, Compensation
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 
@@ -120,6 +122,39 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def _waiting_branches(p: dict[str, Any]) -> str:
+    waits = p.get("waits") or []
+    children = p.get("children") or []
+    parts = [f"{len(waits)} event(s)"] if waits else []
+    if children:
+        parts.append(f"{len(children)} child run(s)")
+    if p.get("wake_at"):
+        parts.append(f"a timer ({_at(p['wake_at'])})")
+    return f"waits at step {_cursor(p.get('cursor'))} in branches for " + (
+        ", ".join(parts) or "nothing more"
+    )
+
+
+def _child_settled(p: dict[str, Any]) -> str:
+    text = f"child run {str(p.get('child_id', '?'))[:8]} ({p.get('workflow', '?')}) ended "
+    text += str(p.get("status", "?"))
+    if p.get("error"):
+        text += f": {_first_line(p['error'], 160)}"
+    return text
+
+
+_SUMMARIES.update(
+    {
+        ev.STEP_WAITING_FOR_CHILD: lambda p: (
+            f"waits at step {_cursor(p.get('cursor'))} for child run "
+            f"{str(p.get('child_id', '?'))[:8]}"
+        ),
+        ev.STEP_WAITING_BRANCHES: _waiting_branches,
+        ev.CHILD_SETTLED: _child_settled,
+    }
+)
+
+
 def _dispatch_failed(p: dict[str, Any]) -> str:
     code = f" (HTTP {p['status_code']})" if p.get("status_code") else ""
     return f"attempt {p.get('attempt')} failed{code}: {_first_line(p.get('error'), 160)}"
@@ -169,6 +204,8 @@ _KINDS = {
     ev.RETRY_SCHEDULED: "failed",
     ev.STEP_WAITING: "wait",
     ev.STEP_WAITING_FOR_EVENT: "wait",
+    ev.STEP_WAITING_FOR_CHILD: "wait",
+    ev.STEP_WAITING_BRANCHES: "wait",
     ev.RUN_COMPLETED: "done",
     ev.DISPATCHED: "done",
     ev.DISPATCH_FAILED: "failed",
@@ -228,14 +265,94 @@ def line(event: Event) -> Line:
     )
 
 
-def lines(events: list[Event], *, own_stream: str | None = None) -> list[Line]:
+#: How a run's error goes on when a compensation failed after the step's failure.
+_THEN_FAILED = "Then a compensation failed: "
+
+
+class _Compensations:
+    """Reads a run's compensations as its timeline goes: which step each one
+    undoes (``compensation-started`` lists them, in the order they run), so a
+    line at cursor ``[$compensate, k, ...]`` says "compensating step 2 (...)"."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.steps: list[str] = []
+        self.done = 0  # how many compensations are known to be over
+
+    def name(self, k: int) -> str:
+        if 0 <= k < len(self.steps):
+            path = self.steps[k]
+            label = self.labels.get(path)
+            return f"step {path} ({label})" if label else f"step {path}"
+        return f"compensation {k + 1}"
+
+    def names(self, upto: int) -> str:
+        return ", ".join(self.name(k) for k in range(self.done, upto))
+
+    def summary(self, item: Line) -> None:
+        event = item.event
+        p = event.payload if isinstance(event.payload, dict) else {}
+        if event.type == ev.COMPENSATION_STARTED:
+            self.steps = [
+                _cursor(path) if isinstance(path, list) else str(path)
+                for path in p.get("steps") or []
+            ]
+            self.done = 0
+            what = "was cancelled" if p.get("then") == "cancelled" else "failed"
+            error = _first_line(p.get("error"), 160)
+            item.summary = f"the run {what} ({p.get('reason') or '?'}: {error}); compensating " + (
+                ", then ".join(self.name(k) for k in range(len(self.steps))) or "its steps"
+            )
+            item.kind = "failed"
+            return
+        cursor = p.get("cursor")
+        if isinstance(cursor, list) and len(cursor) >= 2 and cursor[0] == COMPENSATE:
+            k = int(cursor[1]) if isinstance(cursor[1], int) else 0
+            inner = ".".join(str(c) for c in cursor[2:])
+            before = f"compensated {self.names(k)}; " if k > self.done else ""
+            self.done = max(self.done, k)
+            where = self.steps[k] + ".compensate" if k < len(self.steps) else ""
+            if where and inner:
+                where += f".{inner}"
+            text = item.summary.replace(_cursor(cursor), where or _cursor(cursor))
+            item.summary = f"{before}compensating {self.name(k)}: {text}"
+            return
+        if event.type == ev.RUN_FAILED and p.get("compensation") == Compensation.FAILED:
+            error = str(p.get("error") or "")
+            cause = error.split(_THEN_FAILED, 1)[-1]
+            at = re.search(r"at step ([\w.$]+?)\.compensate\b", cause)
+            path = at.group(1) if at else None
+            k = self.steps.index(path) if path in self.steps else self.done
+            before = f"compensated {self.names(k)}; " if k > self.done else ""
+            what = self.name(k) if path is None or path in self.steps else f"step {path}"
+            item.summary = f"{before}the compensation of {what} failed: {_first_line(cause)}"
+            return
+        if (
+            event.type in (ev.RUN_FAILED, ev.RUN_CANCELLED)
+            and p.get("compensation") == Compensation.COMPENSATED
+        ):
+            done = self.names(len(self.steps)) if self.steps else "its steps"
+            self.done = len(self.steps)
+            item.summary = f"compensated {done}; then {item.summary}"
+
+
+def lines(
+    events: list[Event], *, own_stream: str | None = None, labels: dict[str, str] | None = None
+) -> list[Line]:
     """The lines of ``events``; those of another stream than ``own_stream``
-    (a run's dispatches, in the run's timeline) say whose they are."""
+    (a run's dispatches, in the run's timeline) say whose they are.
+    ``labels`` (step path to label) name the steps a compensation undoes."""
     out = []
+    compensations = _Compensations(labels or {})
     for event in events:
         item = line(event)
         if own_stream is not None and event.stream_id != own_stream:
             item.source = f"outbox {event.stream_id[:8]}"
+        else:
+            try:
+                compensations.summary(item)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass  # an odd payload: the plain summary stands
         out.append(item)
     return out
 
