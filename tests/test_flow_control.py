@@ -415,3 +415,43 @@ def test_idle_keys_are_purged_and_a_purged_key_admits_again(one_per_customer, cl
     assert list(FlowKey.objects.values_list("key", flat=True)) == ["c2"]
     again = start_workflow("sync-customer", payload={"customer": "c1", "n": 4})
     assert reload(again).status == "waiting"
+
+
+# -- the console ------------------------------------------------------------------
+
+
+def test_the_admin_shows_queued_runs_their_keys_and_why(one_per_customer, admin_client):
+    from django.urls import reverse
+
+    start_workflow("sync-customer", payload={"customer": "<b>c1</b>", "n": 1})
+    queued = start_workflow("sync-customer", payload={"customer": "<b>c1</b>", "n": 2})
+    page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[queued.pk]))
+    html = page.content.decode()
+    assert "Queued: not running yet" in html
+    assert "waits for a slot: sync-customer key" in html
+    assert "<b>c1</b>" not in html and "&lt;b&gt;c1&lt;/b&gt;" in html
+    listing = admin_client.get(
+        reverse("admin:kumiflow_workflowrun_changelist"),
+        {"status": "queued", "flow_scope": "sync-customer"},
+    )
+    assert listing.status_code == 200 and str(queued.pk)[:8] in listing.content.decode()
+    keys = admin_client.get(reverse("admin:kumiflow_flowkey_changelist")).content.decode()
+    assert "sync-customer" in keys and "&lt;b&gt;c1&lt;/b&gt;" in keys
+    buckets = admin_client.get(reverse("admin:kumiflow_ratebucket_changelist"))
+    assert buckets.status_code == 200
+
+
+def test_an_override_saved_in_the_admin_goes_through_set_flow_limit(one_per_customer, admin_client):
+    from django.urls import reverse
+
+    runs = [start_workflow("sync-customer", payload={"customer": "c", "n": n}) for n in range(3)]
+    response = admin_client.post(
+        reverse("admin:kumiflow_flowlimit_add"),
+        {"scope": "sync-customer", "max_active": "2", "rate_limit": ""},
+    )
+    assert response.status_code == 302
+    run_until_idle()
+    assert statuses(runs) == ["waiting", "waiting", "queued"]
+    from kumiflow_django.flow.models import FlowLimit
+
+    assert FlowLimit.objects.get().changed_by == "admin"

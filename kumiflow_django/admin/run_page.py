@@ -20,6 +20,7 @@ from typing import Any
 
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from kumiflow_django.admin import structure
@@ -29,6 +30,7 @@ from kumiflow_django.admin.timeline import Line, lines
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import outline, snapshot
+from kumiflow_django.engine import admission
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.store import clock
@@ -256,6 +258,22 @@ def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
     }
 
 
+def _held(run: WorkflowRun) -> dict[str, Any] | None:
+    """Why a queued run is not running yet (flow control), and what holds it."""
+    if run.status != RunStatus.QUEUED:
+        return None
+    return {
+        "why": admission.hold_text(run, clock.now()),
+        "held_by": run.held_by,
+        "scope": run.flow_scope,
+        "key": run.flow_key,
+        "rate_key": run.rate_key,
+        "keys_url": reverse("admin:kumiflow_flowkey_changelist")
+        + "?"
+        + urlencode({"q": run.flow_key}),
+    }
+
+
 def context(run: WorkflowRun) -> dict[str, Any]:
     events = _events(run)
     rows = list(Dispatch.objects.filter(run_id=run.id).order_by("created_at")[:DISPATCHES])
@@ -292,6 +310,7 @@ def context(run: WorkflowRun) -> dict[str, Any]:
         "active": run.status not in FINISHED,
         "failure": _failure(run, events, steps),
         "waiting": _waiting(run),
+        "held": _held(run),
         "picture": picture,
         "definition": definition,
         "definition_current": definition.current_fingerprint == run.fingerprint,

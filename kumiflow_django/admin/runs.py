@@ -28,6 +28,7 @@ from kumiflow_django.admin.base import (
 )
 from kumiflow_django.admin.confirm import Operation, bulk, operate_view
 from kumiflow_django.admin.display import plain_when, relative, when, when_short
+from kumiflow_django.admin.flow import FlowKeyFilter, FlowScopeFilter
 from kumiflow_django.admin.picture import find
 from kumiflow_django.admin.search import runs_matching
 from kumiflow_django.admin.send_event import send_event_view
@@ -335,6 +336,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         AttentionFilter,
         ChildRunsFilter,
         ParentFilter,
+        FlowScopeFilter,
+        FlowKeyFilter,
     ]
     search_fields = ["id"]
     search_help_text = (

@@ -11,13 +11,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from kumiflow_django.definition.durations import parse_duration, parse_instant
+from kumiflow_django.flow.limits import purge_idle_keys
 from kumiflow_django.management.loop_command import (
     configure_logging,
     install_signal_handlers,
     positive_float,
     positive_int,
 )
-from kumiflow_django.flow.limits import purge_idle_keys
 from kumiflow_django.projections.retention import LockLost, Retention
 from kumiflow_django.store import clock
 from kumiflow_django.store.locks import LockHeld
