@@ -103,6 +103,16 @@ def _tokens(v: Any) -> bool:
     )
 
 
+def _tenant_weights(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        _tenant(tenant)
+        and isinstance(weight, int)
+        and not isinstance(weight, bool)
+        and 1 <= weight <= 100
+        for tenant, weight in value.items()
+    )
+
+
 # setting name -> (id, validator, what it must be)
 _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "DEFAULT_TENANT": ("kumiflow.E001", _tenant, "a non-empty string of at most 64 characters"),
@@ -149,6 +159,11 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "SSE_POLL_INTERVAL": ("kumiflow.E025", _positive_number, "a positive number of seconds"),
     "TASK_THREADS": ("kumiflow.E040", _non_negative_int, "zero or a positive integer"),
     "MAX_RESULT_BYTES": ("kumiflow.E041", _positive_int, "a positive integer (bytes)"),
+    "TENANT_WEIGHTS": (
+        "kumiflow.E050",
+        _tenant_weights,
+        "a mapping of tenants to integer weights from 1 to 100",
+    ),
     "SSE_LISTEN": (
         "kumiflow.E026",
         lambda v: v is None or isinstance(v, bool),

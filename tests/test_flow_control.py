@@ -455,3 +455,11 @@ def test_an_override_saved_in_the_admin_goes_through_set_flow_limit(one_per_cust
     from kumiflow_django.flow.models import FlowLimit
 
     assert FlowLimit.objects.get().changed_by == "admin"
+
+
+@pytest.mark.parametrize("weights", [{"gold": 0}, {"gold": 101}, {"gold": "3"}, ["gold"], {"": 2}])
+def test_bad_tenant_weights_are_a_system_check_error(settings, weights):
+    from kumiflow_django.checks import check_settings
+
+    settings.KUMIFLOW_TENANT_WEIGHTS = weights
+    assert "kumiflow.E050" in [e.id for e in check_settings()]
