@@ -71,3 +71,14 @@ def browser():
             from django.db import connections
 
             connections.close_all()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_flow_overrides():
+    """Flow limit overrides are cached per process for a few seconds: a test's
+    (rolled back) override must not reach the next test."""
+    from kumiflow_django.flow.admission import forget_overrides
+
+    forget_overrides()
+    yield
+    forget_overrides()

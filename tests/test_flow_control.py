@@ -463,3 +463,15 @@ def test_bad_tenant_weights_are_a_system_check_error(settings, weights):
 
     settings.KUMIFLOW_TENANT_WEIGHTS = weights
     assert "kumiflow.E050" in [e.id for e in check_settings()]
+
+
+def test_a_rebuilt_table_checks_parked_runs_again(one_per_customer, clock):
+    from kumiflow_django.projections.rebuild import rebuild_all
+
+    runs = [start_workflow("sync-customer", payload={"customer": "c1", "n": n}) for n in range(3)]
+    rebuild_all()
+    assert statuses(runs) == ["waiting", "queued", "queued"]
+    run_until_idle()  # checked again: parked again, counted
+    clock.advance(hours=1)
+    run_until_idle()
+    assert statuses(runs) == ["completed", "waiting", "queued"]

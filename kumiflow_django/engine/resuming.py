@@ -359,10 +359,16 @@ def wake_waiters(event: Event) -> None:
     qs = _waiting_query(event)
     if qs is not None:
         if settings.EVENT_WAKE == "inline":
-            # Lock and read the waiting runs in one statement, then resume each.
-            for run in for_update(qs):
-                if satisfies(run, event):
-                    _wake_inline(run, event)
+            # Find them without locking, then lock them by primary key in one
+            # statement, in key order: a locking read through a secondary index
+            # would lock every row it scans on MariaDB, and two appenders that
+            # wake different runs could deadlock.
+            ids = list(qs.values_list("id", flat=True))
+            if ids:
+                locked = for_update(WorkflowRun.objects.filter(pk__in=ids).order_by("pk"))
+                for run in locked:
+                    if satisfies(run, event):
+                        _wake_inline(run, event)
         else:
             for run_id in qs.values_list("id", flat=True):
                 mark_matched(run_id, event)

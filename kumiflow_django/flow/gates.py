@@ -12,6 +12,9 @@ rows another transaction holds are skipped (it is deciding about them).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
 
 from kumiflow_django.definition.durations import parse_duration
 from kumiflow_django.flow.admission import (
@@ -48,8 +51,8 @@ class Runs:
             status=RunStatus.QUEUED,
             held_by=CONCURRENCY,
             wake_at__isnull=True,
-        ).order_by("-priority", "started_at", "since_position")
-        ids = list(for_update(parked, skip_locked=True).values_list("id", flat=True)[:n])
+        )
+        ids = _lock_first(parked, ("-priority", "started_at", "since_position"), n)
         if ids:
             now = clock.now()
             WorkflowRun.objects.filter(pk__in=ids).update(wake_at=now)
@@ -70,15 +73,41 @@ class Tasks:
             status=TaskStatus.PENDING,
             held_by=CONCURRENCY,
             next_attempt_at__isnull=True,
-        ).order_by("-priority", "created_at")
-        rows = list(for_update(parked, skip_locked=True).values_list("id", "run_id", "backend")[:n])
-        if rows:
+        )
+        ids = _lock_first(parked, ("-priority", "created_at"), n)
+        if ids:
             now = clock.now()
             # held_by stays: a woken attempt takes a free slot without queueing again.
-            StepTask.objects.filter(pk__in=[row[0] for row in rows]).update(next_attempt_at=now)
+            StepTask.objects.filter(pk__in=ids).update(next_attempt_at=now)
+            rows = StepTask.objects.filter(pk__in=ids).values_list("id", "run_id", "backend")
             for task_id, run_id, backend in rows:
                 work_committed(WorkKind.TASK, now, run_id, task_id if backend else None)
-        return len(rows)
+        return len(ids)
+
+
+def _lock_first(parked: QuerySet[Any, Any], order: tuple[str, ...], n: int) -> list[Any]:
+    """The first ``n`` parked rows in ``order``, locked; rows another transaction
+    holds are skipped (it is deciding about them).
+
+    Found without a lock, then locked by primary key: a locking read through a
+    secondary index locks every entry it passes on MariaDB, and waits for them
+    even with SKIP LOCKED (two wakers deadlocked over the due index)."""
+    ids = list(parked.order_by(*order).values_list("pk", flat=True)[: n + WAKE_SLACK])
+    if not ids:
+        return []
+    model = parked.model
+    locked = list(
+        for_update(model._default_manager.filter(pk__in=ids), skip_locked=True).values_list(
+            "pk", flat=True
+        )
+    )
+    # Locked now: still parked? (read again without a lock: it cannot change under us)
+    still = set(parked.filter(pk__in=locked).values_list("pk", flat=True))
+    return [pk for pk in ids if pk in still][:n]
+
+
+#: Extra rows read beyond those to wake, in case some are held by others.
+WAKE_SLACK = 8
 
 
 RUNS = Runs()

@@ -15,6 +15,7 @@ from typing import Any
 
 from kumiflow_django.http.errors import ApiError, bad_request
 from kumiflow_django.models import RunStatus
+from kumiflow_django.store import limits
 
 # No C0/C1 control characters: the engine refuses them in names and keys, and
 # saying so here names the field.
@@ -186,6 +187,14 @@ EVENT: dict[str, Any] = {
     "properties": _EVENT_PROPERTIES,
 }
 
+PRIORITY: dict[str, Any] = {
+    "type": ["integer", "null"],
+    "minimum": limits.MIN_PRIORITY,
+    "maximum": limits.MAX_PRIORITY,
+    "description": "The priority of the run (of the runs the event starts), from -100 to "
+    "100, higher first; default: the workflow's (docs/flow-control.md).",
+}
+
 START_RUN: dict[str, Any] = {
     "type": "object",
     "required": ["workflow"],
@@ -202,6 +211,7 @@ START_RUN: dict[str, Any] = {
         "version": _nullable(
             _text(50, "A registered version of the workflow; default: the current one.")
         ),
+        "priority": PRIORITY,
         "tenant": TENANT,
     },
 }
@@ -227,6 +237,7 @@ APPEND_EVENT: dict[str, Any] = {
             "otherwise 409.",
         },
         "schema_version": {"type": "integer", "minimum": 1, "maximum": 32767},
+        "priority": PRIORITY,
         "tenant": TENANT,
     },
 }

@@ -107,6 +107,7 @@ def start_run(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
             tenant=tenant,
             idempotency_key=body.get("idempotency_key"),
             version=body.get("version"),
+            priority=body.get("priority"),
         )
     except UnknownWorkflow as exc:
         raise from_kumiflow(exc, field="version" if body.get("version") else "workflow") from exc
@@ -133,6 +134,7 @@ def append(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
             metadata=body.get("metadata"),
             schema_version=body.get("schema_version", 1),
             created_by=principal.name[:150],
+            priority=body.get("priority"),
         )
     except KumiflowError as exc:
         raise from_kumiflow(exc) from exc

@@ -15,7 +15,7 @@ from django.db import models
 from kumiflow_django.projections import dispatches, runs, schedules, tasks, waits
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.user import projections
-from kumiflow_django.store import db
+from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
@@ -71,6 +71,15 @@ def _rebuild_waits() -> int:
     return count
 
 
+def _recheck_queued() -> int:
+    """Runs parked behind a full key have no wake time, and the keys' counts of
+    parked runs are not in the log: a rebuilt table makes every parked run due,
+    so the worker admits it or parks it again (counted)."""
+    return runs.WorkflowRun.objects.filter(
+        status=runs.RunStatus.QUEUED, wake_at__isnull=True
+    ).update(wake_at=clock.now())
+
+
 def rebuild_all() -> dict[str, int]:
     """Rebuild runs, the outbox, the schedules and every user projection; return counts."""
     counts: dict[str, Any] = {}
@@ -85,6 +94,7 @@ def rebuild_all() -> dict[str, int]:
             stream.model._default_manager.all().delete()
             counts[name] = _replay(stream, types)
         counts["branch waits"] = _rebuild_waits()
+        counts["queued runs checked again"] = _recheck_queued()
         for projection in projections.values():
             if not projection.rebuildable:
                 continue

@@ -43,6 +43,10 @@ from kumiflow_django.tasks import attempts, backends, runner_task
 from kumiflow_django.workers.loop import Loop, refresh_connection
 from kumiflow_django.workers.resume import default_worker_id
 
+#: Tries to record an attempt's outcome when the database breaks a deadlock
+#: or drops the connection (each in a transaction of its own).
+RECORD_TRIES = 3
+
 logger = get_logger("kumiflow_django.tasks")
 
 #: Seconds an attempt may outlive its timeout before its thread is abandoned
@@ -245,7 +249,7 @@ class TaskLoop(Loop):
         attempt = inflight.attempt
         try:
             outcome = attempts.run(attempt)
-            attempts.record(attempt, outcome)
+            self._record(attempt, outcome)
         except Exception:
             # The outcome is lost: the lease runs out and the attempt is tried again.
             logger.exception(
@@ -257,6 +261,24 @@ class TaskLoop(Loop):
             with self._pool.lock:
                 self._pool.running.pop((attempt.task_id, attempt.number), None)
             self._wake.set()  # a thread is free
+
+    def _record(self, attempt: attempts.Attempt, outcome: attempts.Outcome) -> None:
+        """Record the outcome; a deadlock or a lost connection is tried again at
+        once (the outcome is in hand), a few times, before the lease decides."""
+        for tries in range(RECORD_TRIES):
+            try:
+                attempts.record(attempt, outcome)
+                return
+            except Exception as exc:
+                if not db.is_transient(exc) or tries == RECORD_TRIES - 1:
+                    raise
+                logger.warning(
+                    "task %s: recording attempt %d failed (%s); trying again",
+                    attempt.task_id,
+                    attempt.number,
+                    exc,
+                )
+                refresh_connection()
 
     def _abandon(self, task_id: uuid.UUID, number: int) -> None:
         """The database gave up an attempt: if this pool runs it, stop counting it."""

@@ -9,7 +9,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from kumiflow_django import define_workflow, start_workflow
+from kumiflow_django import define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.http.models import ApiToken
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
@@ -452,3 +452,18 @@ def test_a_hook_maps_users_to_tenants(user, approval):
             content_type="application/json",
         )
         assert started.json()["tenant"] == "acme", "the first tenant of the hook's list"
+
+
+def test_a_start_and_an_event_carry_a_priority_and_a_bad_one_is_refused(api, registry):
+    define_workflow("report", start_mode="deferred", steps=[s.return_(1)])
+    define_workflow("on-signup", trigger=on_event("user.joined"), start_mode="deferred", steps=[])
+    started = api.post_json(f"{API}runs/", {"workflow": "report", "priority": 30})
+    assert started.status_code == 201
+    assert WorkflowRun.objects.get(pk=started.json()["id"]).priority == 30
+    appended = api.post_json(
+        f"{API}events/", {"stream_id": "u-1", "type": "user.joined", "priority": -5}
+    )
+    assert appended.status_code == 201
+    assert WorkflowRun.objects.get(workflow="on-signup").priority == -5
+    refused = api.post_json(f"{API}runs/", {"workflow": "report", "priority": 101})
+    assert refused.status_code == 400
