@@ -88,9 +88,8 @@ def due_runs(now: datetime, limit: int, *, free: bool = False) -> list[Due]:
     due = WorkflowRun.objects.due(now)
     if free:
         due = due.filter(Q(lease_owner="") | Q(lease_until__lt=now))
-    probe = list(
-        due.order_by("wake_at", "started_at", "since_position").values_list(*_COLUMNS)[: limit + 1]
-    )
+    # In the index's order only (no sort of the due range); ties are broken below.
+    probe = list(due.order_by("wake_at").values_list(*_COLUMNS)[: limit + 1])
     if len(probe) <= limit:
         return _fair(probe)[:limit]
     weights = settings.TENANT_WEIGHTS
