@@ -302,6 +302,31 @@ def w3(db: str) -> dict[str, Any]:
     }
 
 
+def w4_backlog(db: str) -> dict[str, Any]:
+    """The due claim with a backlog larger than a batch: ranked in the database
+    (priority, then tenants' turns) with a window function over the due range.
+    Median time of one claim of 100 with 100, 1,000 and 10,000 runs due."""
+    setup_django(database_url(db, "kumiflow_bench_w4b"))
+    from kumiflow_django.models import WorkflowRun
+    from kumiflow_django.workers.resume import due_runs
+
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    out: dict[str, Any] = {}
+    for n in (100, 1_000, 10_000):
+        WorkflowRun.objects.all().delete()
+        _runs(n, status="waiting", wake_at=past)
+        now = datetime.now(UTC)
+        for _ in range(5):
+            due_runs(now, 100)
+        samples = []
+        for _ in range(30):
+            begin = time.perf_counter()
+            due_runs(now, 100)
+            samples.append((time.perf_counter() - begin) * 1000)
+        out[f"claim_100_of_{n}_due_ms"] = round(median(samples), 2)
+    return out
+
+
 def _poll_ms(repeat: int = 1000) -> float:
     """The median round trip of one poll for due work, after a warm-up."""
     from kumiflow_django.workers.resume import due_runs
@@ -759,6 +784,7 @@ WORKLOADS = {
     "W1": w1,
     "W1-observed": w1_observed,
     "W1-limited": w1_limited,
+    "W4-backlog": w4_backlog,
     "W2": w2,
     "W3": w3,
     "W4": w4,

@@ -39,6 +39,7 @@ PLAN = {
     "W5": ["sqlite", "postgresql"],
     "W1-observed": ["sqlite", "postgresql"],
     "W1-limited": ["sqlite", "postgresql"],
+    "W4-backlog": ["postgresql"],
     "W6": ["sqlite", "postgresql"],
     "W7": ["postgresql"],
     "W8": ["postgresql"],

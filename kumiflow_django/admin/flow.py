@@ -65,15 +65,12 @@ class FlowKeyAdmin(ReadOnlyAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[FlowKey]:
         runs = WorkflowRun.objects.all()
         tasks = StepTask.objects.all()
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                n_active=_count(runs.filter(status__in=ACTIVE)),
-                n_queued=_count(runs.filter(status=RunStatus.QUEUED)),
-                n_running=_count(tasks.filter(status=TaskStatus.RUNNING)),
-                n_parked=_count(tasks.filter(status=TaskStatus.PENDING).exclude(held_by="")),
-            )
+        keys: QuerySet[FlowKey] = super().get_queryset(request)
+        return keys.annotate(
+            n_active=_count(runs.filter(status__in=ACTIVE)),
+            n_queued=_count(runs.filter(status=RunStatus.QUEUED)),
+            n_running=_count(tasks.filter(status=TaskStatus.RUNNING)),
+            n_parked=_count(tasks.filter(status=TaskStatus.PENDING).exclude(held_by="")),
         )
 
     def _runs_link(self, key: FlowKey, status: str, n: int) -> SafeString | int:

@@ -179,7 +179,7 @@ def _throttled(workflow: Workflow, period: str, event: Event, group: str) -> boo
     """Whether a throttle skips this event: a run of the key started less than
     ``period`` ago. The skipped events are counted on the key's bucket."""
     now = clock.now()
-    bucket = lock_bucket(f"throttle:{workflow.name}", f"{event.tenant_id}:{group}", now)
+    bucket = lock_bucket(f"throttle:{event.tenant_id}:{workflow.name}", group, now)
     if bucket.count and now < bucket.window_start + parse_duration(period):
         bucket.skipped += 1
         bucket.skipped_positions = [*bucket.skipped_positions, event.position][-THROTTLE_KEPT:]
@@ -208,7 +208,7 @@ def _debounce(
     been quiet for ``debounce`` (or ``max_wait`` after its first event)."""
     assert trigger.debounce is not None
     now = clock.now()
-    lock_key(f"debounce:{workflow.name}", f"{event.tenant_id}:{group}")  # one burst per key
+    lock_key(f"debounce:{event.tenant_id}:{workflow.name}", group)  # one burst per key
     until = now + parse_duration(trigger.debounce)
     queued = for_update(
         WorkflowRun.objects.filter(

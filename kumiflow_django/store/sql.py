@@ -99,8 +99,10 @@ def insert_if_absent(model: type[Model], values: dict[str, Any], *, using: str) 
     connection = connections[using]
     quote = connection.ops.quote_name
     fields = [model._meta.get_field(name) for name in values]
-    columns = ", ".join(quote(f.column) for f in fields)
-    params = [f.get_db_prep_save(values[f.name], connection) for f in fields]
+    concrete = [f for f in fields if isinstance(f, Field)]
+    assert len(concrete) == len(fields), "only concrete fields"
+    columns = ", ".join(quote(_column(f)) for f in concrete)
+    params = [f.get_db_prep_save(values[f.name], connection) for f in concrete]
     marks = ", ".join(["%s"] * len(fields))
     table = quote(model._meta.db_table)
     if connection.vendor == "mysql":
