@@ -23,7 +23,7 @@ def reload(run):
 
 
 def children_of(run):
-    return list(WorkflowRun.objects.filter(parent_id=run.pk).order_by("started_at"))
+    return list(WorkflowRun.objects.filter(parent_id=run.pk).order_by("started_at", "parent_step"))
 
 
 @pytest.fixture

@@ -12,7 +12,11 @@ from kumiflow_django import start_workflow
 from kumiflow_django.models import RunStatus, WorkflowRun
 from tests.processes import output, spawn, stop, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server_db]
+# "workflows": the worker processes check every database alias of the settings.
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "workflows"]),
+    pytest.mark.server_db,
+]
 
 
 def test_branches_of_one_run_never_overlap_with_four_workers(tmp_path):

@@ -25,6 +25,7 @@ once: the attempts' leases run out and other workers try them again.
 from __future__ import annotations
 
 import queue
+import random
 import threading
 import time
 import uuid
@@ -45,7 +46,7 @@ from kumiflow_django.workers.resume import default_worker_id
 
 #: Tries to record an attempt's outcome when the database breaks a deadlock
 #: or drops the connection (each in a transaction of its own).
-RECORD_TRIES = 3
+RECORD_TRIES = 5
 
 logger = get_logger("kumiflow_django.tasks")
 
@@ -169,8 +170,10 @@ class TaskLoop(Loop):
                 queues=self.queues,
                 every_backend=self.every_backend,
             )
-        except Exception:
-            logger.exception("tasks: claiming due attempts failed; tried again later")
+        except Exception as exc:
+            # A deadlock the database broke, a dropped connection: a warning.
+            log = logger.warning if db.is_transient(exc) else logger.exception
+            log("tasks: claiming due attempts failed (%s); tried again later", exc)
             self._stalled = True
             return 0
         for attempt in claimed:
@@ -272,6 +275,7 @@ class TaskLoop(Loop):
             except Exception as exc:
                 if not db.is_transient(exc) or tries == RECORD_TRIES - 1:
                     raise
+                time.sleep(random.uniform(0.01, 0.05) * (tries + 1))  # noqa: S311 - jitter
                 logger.warning(
                     "task %s: recording attempt %d failed (%s); trying again",
                     attempt.task_id,

@@ -409,6 +409,8 @@ flow_task_probe = define_workflow(
             shop_tasks.limited_call,
             args=lambda ctx: [ctx.event.payload["log"], ctx.event.payload["key"]],
             concurrency=Limit(key=lambda ctx: ctx.event.payload["key"], max=3),
+            # an outcome lost to the database is tried again soon (at least once)
+            timeout="PT20S",
         ),
     ],
 )
