@@ -137,6 +137,10 @@ def test_an_operator_raises_a_limit_without_a_deploy(one_per_customer, clock):
     runs = [start_workflow("sync-customer", payload={"customer": "c1", "n": n}) for n in range(4)]
     assert statuses(runs).count("queued") == 3
     set_flow_limit("sync-customer", max_active=3, by="ops", reason="backlog")
+    # Checked again once every process has read the new limit (a worker that
+    # still had the old one cached would only park them again).
+    assert reload(runs[1]).wake_at == clock.now() + timedelta(seconds=6)
+    clock.advance(seconds=6)
     run_until_idle()
     assert statuses(runs) == ["waiting", "waiting", "waiting", "queued"]
     set_flow_limit("sync-customer")  # back to the declared limit: nothing is stopped
@@ -253,7 +257,7 @@ def test_throttle_starts_one_run_per_key_and_period_and_records_the_skipped(regi
     skipped = [append_event("sku-1", "price.changed", {"sku": "1", "n": n}) for n in range(5)]
     append_event("sku-2", "price.changed", {"sku": "2", "n": 0})
     assert WorkflowRun.objects.count() == 2
-    bucket = RateBucket.objects.get(scope="throttle:default:notify", key="1")
+    bucket = RateBucket.objects.get(scope="throttle:7:default:notify", key="1")
     assert bucket.skipped == 4
     assert bucket.skipped_positions == [e.position for e in skipped[1:]]
     clock.advance(minutes=1)
@@ -442,7 +446,9 @@ def test_the_admin_shows_queued_runs_their_keys_and_why(one_per_customer, admin_
     assert buckets.status_code == 200
 
 
-def test_an_override_saved_in_the_admin_goes_through_set_flow_limit(one_per_customer, admin_client):
+def test_an_override_saved_in_the_admin_goes_through_set_flow_limit(
+    one_per_customer, admin_client, clock
+):
     from django.urls import reverse
 
     runs = [start_workflow("sync-customer", payload={"customer": "c", "n": n}) for n in range(3)]
@@ -451,6 +457,7 @@ def test_an_override_saved_in_the_admin_goes_through_set_flow_limit(one_per_cust
         {"scope": "sync-customer", "max_active": "2", "rate_limit": ""},
     )
     assert response.status_code == 302
+    clock.advance(seconds=6)
     run_until_idle()
     assert statuses(runs) == ["waiting", "waiting", "queued"]
     from kumiflow_django.flow.models import FlowLimit
@@ -476,3 +483,110 @@ def test_a_rebuilt_table_checks_parked_runs_again(one_per_customer, clock):
     clock.advance(hours=1)
     run_until_idle()
     assert statuses(runs) == ["completed", "waiting", "queued"]
+
+
+# -- what a hostile review found ------------------------------------------------------
+
+
+def test_a_run_started_by_a_limited_runs_own_segment_queues_behind_it(registry, clock):
+    """The first run's row is not written yet when its step's event starts the
+    second: it counts as active all the same, and its end wakes the second."""
+    define_workflow(
+        "a",
+        concurrency=Limit(key="k", max=1, scope="shared"),
+        steps=[s.append_event("b.go", stream_id="x"), s.wait("PT1H")],
+    )
+    define_workflow(
+        "b",
+        trigger=on_event("b.go"),
+        concurrency=Limit(key="k", max=1, scope="shared"),
+        steps=[s.return_("b ran")],
+    )
+    first = start_workflow("a")
+    second = WorkflowRun.objects.get(workflow="b")
+    assert (reload(first).status, second.status) == ("waiting", "queued")
+    clock.advance(hours=1)
+    run_until_idle()
+    assert (reload(first).status, reload(second).status) == ("completed", "completed")
+
+
+def test_a_run_that_ends_in_the_segment_that_parked_another_wakes_it(registry, clock):
+    define_workflow(
+        "a",
+        concurrency=Limit(key="k", max=1, scope="shared"),
+        steps=[s.append_event("b.go", stream_id="x"), s.return_(1)],
+    )
+    define_workflow(
+        "b",
+        trigger=on_event("b.go"),
+        concurrency=Limit(key="k", max=1, scope="shared"),
+        steps=[s.return_("b ran")],
+    )
+    start_workflow("a")
+    run_until_idle()
+    assert WorkflowRun.objects.get(workflow="b").status == "completed"
+
+
+def test_a_refused_first_segment_leaves_the_run_waiting_for_admission(one_per_customer, clock):
+    from unittest import mock
+
+    from django.db import DatabaseError
+
+    from kumiflow_django.engine import runner
+    from kumiflow_django.store import db
+
+    first = start_workflow("sync-customer", payload={"customer": "c", "n": 1})
+    real = runner._run
+
+    def refuse(opening):
+        if opening.new:
+            raise DatabaseError("value too long")  # a refusal, not a step error
+        return real(opening)
+
+    with (
+        mock.patch.object(runner, "_run", refuse),
+        mock.patch.object(db, "is_transient", lambda exc: False),
+    ):
+        refused = start_workflow("sync-customer", payload={"customer": "c", "n": 2})
+    assert reload(refused).status == "queued"  # not pending: it was never admitted
+    clock.advance(minutes=10)
+    run_until_idle()
+    assert statuses([first, refused]) == ["waiting", "queued"]
+
+
+def test_runs_and_task_attempts_of_one_scope_are_counted_apart(registry, clock):
+    define_workflow(
+        "carrier-run",
+        concurrency=Limit(key="k", max=1, scope="carrier"),
+        steps=[
+            s.task("call", call_api, args=[1], concurrency=Limit(key="k", max=1, scope="carrier"))
+        ],
+    )
+    first = start_workflow("carrier-run")
+    assert reload(first).status == "waiting_event"
+    run_until_idle()
+    assert reload(first).status == "completed"
+    assert set(FlowKey.objects.values_list("kind", flat=True)) == {"run", "task"}
+
+
+def test_a_queued_run_starts_on_the_current_definition_after_a_deploy(registry, clock):
+    define_workflow(
+        "sync", concurrency=Limit(key="k", max=1), steps=[s.wait("PT1H"), s.return_("old")]
+    )
+    first = start_workflow("sync")
+    queued = start_workflow("sync")
+    registry.unregister("sync")  # a deploy: the same name, other steps
+    define_workflow("sync", concurrency=Limit(key="k", max=1), steps=[s.return_("new")])
+    clock.advance(hours=1)
+    run_until_idle()
+    assert reload(first).status == "failed"  # it had run: its definition changed under it
+    assert (reload(queued).status, reload(queued).result) == ("completed", "new")
+
+
+def test_a_scope_with_a_control_character_is_refused(registry):
+    with pytest.raises(WorkflowDefinitionError, match="control characters"):
+        define_workflow(
+            "bad", concurrency=Limit(key="k", max=1, scope="a\x00b"), steps=[s.return_(1)]
+        )
+    with pytest.raises(KumiflowError, match="control characters"):
+        set_flow_limit("a\nb", max_active=2)

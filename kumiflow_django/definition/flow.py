@@ -61,6 +61,8 @@ def _check_scope(scope: Any) -> None:
         return
     if not isinstance(scope, str) or not scope or len(scope) > MAX_SCOPE_LENGTH:
         raise ValueError(f"a scope must be a string of 1 to {MAX_SCOPE_LENGTH} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in scope):
+        raise ValueError("a scope must not contain control characters")
 
 
 def resolve_key(key: KeyResolver, value: Any, what: str) -> str:

@@ -36,6 +36,7 @@ from kumiflow_django.definition.context import (
 )
 from kumiflow_django.definition.matching import awaited_as, event_types_for
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import admission, compensation
 from kumiflow_django.engine.failure import Failure
@@ -123,12 +124,17 @@ def _admitted(run: WorkflowRun, recovered: dict[str, Any] | None) -> Prepared:
     it is parked again (nothing is written to its stream)."""
     workflow = _definition(run)
     if isinstance(workflow, Failure):
-        return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
+        if not registry.is_registered(run.workflow):
+            return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
+        # Nothing of it ran yet: it starts on the current definition (a deploy
+        # while runs are queued does not fail the queue).
+        workflow = registry.get(run.workflow)
+        remember(workflow)
     hold = admission.admit_queued(run, workflow)
     if hold is not None:
         admission.park(run, hold)
         return None
-    return opening(run, None, recovered)
+    return opening(run, None, recovered, workflow=workflow)
 
 
 def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
@@ -236,12 +242,18 @@ def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
 
 
 def opening(
-    run: WorkflowRun, wake: Wake | None, recovered: dict[str, Any] | None = None
+    run: WorkflowRun,
+    wake: Wake | None,
+    recovered: dict[str, Any] | None = None,
+    *,
+    workflow: Workflow | None = None,
 ) -> Opening:
-    """The segment that continues a locked, suspended run (or records why it cannot)."""
-    workflow = _definition(run)
-    if isinstance(workflow, Failure):  # nothing runs: no step.resumed
-        return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
+    """The segment that continues a locked, suspended run (or records why it
+    cannot). ``workflow``: the definition an admitted queued run starts on."""
+    found = workflow if workflow is not None else _definition(run)
+    if isinstance(found, Failure):  # nothing runs: no step.resumed
+        return Opening(run.id, run.tenant_id, run, first=[], failure=found)
+    workflow = found
     gave_up = (
         [(ev.RUN_ADMITTED, {"held_by": run.held_by})]
         if run.status == RunStatus.QUEUED
@@ -268,6 +280,9 @@ def opening(
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     if run.status == RunStatus.QUEUED:  # admitted: its first segment
         admitted: dict[str, Any] = {"held_by": run.held_by}
+        if workflow.fingerprint != run.fingerprint:  # queued across a deploy
+            admitted["fingerprint"] = workflow.fingerprint
+            admitted["version"] = workflow.version
         if recovered:
             admitted["recovered"] = recovered
         return Opening(

@@ -34,6 +34,7 @@ from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import compensation, observed
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.segment import Segment, advance
+from kumiflow_django.flow.admission import Pending, admitted_until_written
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
@@ -84,8 +85,8 @@ class Opening:
     workflow_name: str = ""
     #: The trace context the run continues (a new run's origin; telemetry).
     trace: dict[str, str] | None = None
-    #: A new limited run admitted with nothing parked behind its key.
-    flow_quiet: bool = False
+    #: A new limited run admitted in this segment (counted as active until written).
+    flow_entry: Pending | None = None
     version: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -122,7 +123,8 @@ def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> Workflow
                 return prepared
             opening = prepared
             watch.open(opening)
-            return _run(opening)
+            with admitted_until_written(opening.flow_entry):
+                return _run(opening)
     except Failure as failure:  # a step failed: its segment was rolled back as a whole
         assert opening is not None
         fields = telemetry.log_fields(step_path=failure.cursor)
@@ -144,7 +146,7 @@ def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> Workflow
 
 def _run(opening: Opening) -> WorkflowRun:
     segment = Segment(opening.run_id, opening.tenant, opening.row)
-    segment.flow_quiet = opening.flow_quiet
+    segment.flow_entry = opening.flow_entry
     for type_, payload in opening.first:
         observed.stamp(segment.add(type_, dict(payload)), opening)
     if opening.failure is not None:  # known before anything runs: nothing to roll back

@@ -33,6 +33,7 @@ from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import admission, children, compensation
 from kumiflow_django.engine.failure import Failure, capped_steps, capped_traceback
+from kumiflow_django.flow.admission import Pending
 from kumiflow_django.outbox.requests import opened
 from kumiflow_django.projections.dispatches import DispatchStatus
 from kumiflow_django.projections.runs import FINISHED, RUNS, RunStatus, WorkflowRun
@@ -85,8 +86,8 @@ class Segment:
         self.cancellations: list[Cancellation] = []
         self.had_waits = run is not None and run.branch_waits > 0
         self.was_finished = run is not None and run.status in FINISHED
-        #: Set by the runner: a new run admitted with nothing parked behind its key.
-        self.flow_quiet = False
+        #: Set by the runner: a new run admitted in this segment (flow control).
+        self.flow_entry: Pending | None = None
 
     def add(self, type_: str, payload: dict[str, Any], *, created_by: str = "") -> Event:
         return self.run.add(type_, payload, created_by=created_by)
@@ -133,7 +134,10 @@ class Segment:
         if self.cancellations:
             children.cancel(row, self.cancellations)
         ended = row.status in FINISHED and not self.was_finished
-        if ended and row.flow_key and not (self.run.new and self.flow_quiet):
+        if self.flow_entry is not None:
+            self.flow_entry.written = True  # counted from its row now
+        quiet = self.run.new and self.flow_entry is not None and self.flow_entry.quiet
+        if ended and row.flow_key and not quiet:
             admission.release(row)  # wake the runs parked behind its key
         if ended or (self.run.events and self.run.events[-1].type == ev.COMPENSATION_STARTED):
             cancelled = row.status == RunStatus.CANCELLED or (

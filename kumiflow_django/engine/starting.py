@@ -27,7 +27,7 @@ from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.resuming import after_segment, writers_serialized
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute, keyed_run
 from kumiflow_django.engine.segment import Segment, current_depth
-from kumiflow_django.flow.admission import DEBOUNCE, lock_bucket, lock_key
+from kumiflow_django.flow.admission import DEBOUNCE, Pending, lock_bucket, lock_key
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.store import clock, db, limits, telemetry
 from kumiflow_django.store import names as ev
@@ -175,11 +175,17 @@ def _group_key(workflow: Workflow, trigger: EventTrigger, event: Event) -> str |
         )
 
 
+def _grouped_scope(tenant: str, workflow: str) -> str:
+    """The scope of a debounce's or a throttle's groups: per tenant and workflow,
+    unambiguous whatever characters the two contain (the tenant's length first)."""
+    return f"{len(tenant)}:{tenant}:{workflow}"
+
+
 def _throttled(workflow: Workflow, period: str, event: Event, group: str) -> bool:
     """Whether a throttle skips this event: a run of the key started less than
     ``period`` ago. The skipped events are counted on the key's bucket."""
     now = clock.now()
-    bucket = lock_bucket(f"throttle:{event.tenant_id}:{workflow.name}", group, now)
+    bucket = lock_bucket("throttle:" + _grouped_scope(event.tenant_id, workflow.name), group, now)
     if bucket.count and now < bucket.window_start + parse_duration(period):
         bucket.skipped += 1
         bucket.skipped_positions = [*bucket.skipped_positions, event.position][-THROTTLE_KEPT:]
@@ -208,7 +214,7 @@ def _debounce(
     been quiet for ``debounce`` (or ``max_wait`` after its first event)."""
     assert trigger.debounce is not None
     now = clock.now()
-    lock_key(f"debounce:{event.tenant_id}:{workflow.name}", group)  # one burst per key
+    lock_key("debounce", _grouped_scope(event.tenant_id, workflow.name), group)  # one burst
     until = now + parse_duration(trigger.debounce)
     queued = for_update(
         WorkflowRun.objects.filter(
@@ -318,6 +324,7 @@ def start_run(
             )
         held = False
         report: dict[str, bool] = {}
+        flow: dict[str, Any] | None = None
         if reason is None:
             try:
                 flow = admission.resolve(workflow, trigger)
@@ -349,9 +356,13 @@ def start_run(
             failure=reason,
             key=key,
             workflow_name=workflow.name,
-            # admitted with nothing parked behind its key (whose lock this
-            # transaction holds): ending in this segment wakes nobody
-            flow_quiet=report.get("quiet", False),
+            # counted as active until its row is written; ending in this
+            # segment with nothing parked behind its key meanwhile wakes nobody
+            flow_entry=(
+                Pending(flow["scope"], flow["key"], quiet=report.get("quiet", False))
+                if flow is not None and flow.get("key") and not held
+                else None
+            ),
             # telemetry: the run's origin, stored on run-started
             trace=(telemetry.carried(trigger.metadata) or telemetry.carrier())
             if telemetry.tracing()

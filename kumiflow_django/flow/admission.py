@@ -20,8 +20,11 @@ the same transaction), so a rolled-back admission takes no slot.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -65,11 +68,58 @@ class RateSpec:
 
 
 class Gate(Protocol):
-    """How admission counts and wakes the items of one kind (runs, task attempts)."""
+    """How admission counts and wakes the items of one kind (runs, task attempts).
+
+    ``wake`` returns how many it woke, and whether it found every parked item
+    (fewer than it looked for, read without a lock): only then may the key's
+    count of parked items go back to zero."""
+
+    kind: str
 
     def active(self, scope: str, key: str) -> int: ...
 
-    def wake(self, scope: str, key: str, n: int) -> int: ...
+    def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]: ...
+
+
+@dataclass
+class Pending:
+    """A run admitted in this transaction whose row is not written yet: it
+    counts as active for starts nested in its segment (an event it appends).
+    ``quiet`` stays true while nothing parks behind its key in the meantime."""
+
+    scope: str
+    key: str
+    quiet: bool = True
+    #: Its row is written: the count of active rows has it from now on.
+    written: bool = False
+
+
+_pending: contextvars.ContextVar[tuple[Pending, ...]] = contextvars.ContextVar(
+    "kumiflow_flow_pending", default=()
+)
+
+
+def pending_count(scope: str, key: str) -> int:
+    return sum(1 for p in _pending.get() if (p.scope, p.key) == (scope, key) and not p.written)
+
+
+@contextlib.contextmanager
+def admitted_until_written(entry: Pending | None) -> Iterator[None]:
+    """Count ``entry`` as active until its run's segment is written (or not)."""
+    if entry is None:
+        yield
+        return
+    token = _pending.set((*_pending.get(), entry))
+    try:
+        yield
+    finally:
+        _pending.reset(token)
+
+
+def _parked_behind(scope: str, key: str) -> None:
+    for entry in _pending.get():
+        if (entry.scope, entry.key) == (scope, key):
+            entry.quiet = False
 
 
 # -- operator overrides -------------------------------------------------------
@@ -111,23 +161,17 @@ def rate_limit(scope: str, declared: int) -> int:
 # -- locks ------------------------------------------------------------------
 
 
-def lock_key(scope: str, key: str) -> tuple[FlowKey, bool]:
-    """The key's row, locked until the transaction ends, and whether it is new.
-
-    A new row means no item of the key was ever admitted (rows are deleted only
-    when their key has nothing active or parked, under this same lock), so a
-    new key admits without counting: one statement for a per-run key."""
+def lock_key(kind: str, scope: str, key: str) -> FlowKey:
+    """The key's row, locked until the transaction ends (created if missing)."""
     for _ in range(5):
         now = clock.now()
-        if sql.insert_if_absent(
-            FlowKey, {"scope": scope, "key": key, "held": 0, "created_at": now}, using=db.alias()
-        ):
-            return FlowKey(scope=scope, key=key, held=0, created_at=now), True
-        row = for_update(FlowKey.objects.filter(scope=scope, key=key)).first()
+        values = {"kind": kind, "scope": scope, "key": key, "held": 0, "created_at": now}
+        sql.insert_if_absent(FlowKey, values, using=db.alias())
+        row = for_update(FlowKey.objects.filter(kind=kind, scope=scope, key=key)).first()
         if row is not None:
-            return row, False
+            return row
         # deleted between the two statements (an idle key purged): insert again
-    raise RuntimeError(f"could not lock flow key {scope!r}/{key!r}")
+    raise RuntimeError(f"could not lock flow key {kind} {scope!r}/{key!r}")
 
 
 def lock_bucket(scope: str, key: str, window: datetime) -> RateBucket:
@@ -182,25 +226,24 @@ def admit(
     held_before = 0
     if concurrency is not None:
         limit = max_active(concurrency.scope, concurrency.max)
-        flow_key, created = lock_key(concurrency.scope, concurrency.key)
+        flow_key = lock_key(gate.kind, concurrency.scope, concurrency.key)
         held_before = flow_key.held
-        # A new key: nothing of it was ever admitted, nothing to count or wake.
-        free = limit if created else limit - gate.active(concurrency.scope, concurrency.key)
+        free = limit - gate.active(concurrency.scope, concurrency.key)
         if free > 0 and new and flow_key.held:
             # Wake those in line first; take a slot only if they leave one.
-            woken = gate.wake(concurrency.scope, concurrency.key, free)
-            flow_key.held = 0 if woken < free else flow_key.held - woken
+            woken, everyone = gate.wake(concurrency.scope, concurrency.key, free)
+            flow_key.held = 0 if everyone else max(0, flow_key.held - woken)
             free -= woken
         if free <= 0:
             flow_key.held += 1
-            _save_held(flow_key, held_before)
+            _save_held(gate.kind, flow_key, held_before)
+            _parked_behind(concurrency.scope, concurrency.key)
             return Hold(
                 CONCURRENCY,
                 None,
                 f"{concurrency.scope} key {concurrency.key!r}: {limit} active (the limit)",
             )
-    if flow_key is not None:
-        _save_held(flow_key, held_before)
+        _save_held(gate.kind, flow_key, held_before)
     if report is not None:
         report["quiet"] = flow_key is None or not flow_key.held
     if rate is not None:
@@ -218,16 +261,18 @@ def admit(
     return None
 
 
-def _save_held(flow_key: FlowKey, before: int) -> None:
+def _save_held(kind: str, flow_key: FlowKey, before: int) -> None:
     if flow_key.held != before:
-        FlowKey.objects.filter(scope=flow_key.scope, key=flow_key.key).update(held=flow_key.held)
+        FlowKey.objects.filter(kind=kind, scope=flow_key.scope, key=flow_key.key).update(
+            held=flow_key.held
+        )
 
 
 def release(gate: Gate, concurrency: Concurrency) -> int:
     """An item of the key stopped being active (in this transaction): wake as
     many parked items as there are free slots. Returns how many were woken."""
     flow_key = for_update(
-        FlowKey.objects.filter(scope=concurrency.scope, key=concurrency.key)
+        FlowKey.objects.filter(kind=gate.kind, scope=concurrency.scope, key=concurrency.key)
     ).first()
     if flow_key is None or not flow_key.held:
         return 0
@@ -236,7 +281,8 @@ def release(gate: Gate, concurrency: Concurrency) -> int:
     )
     if free <= 0:
         return 0
-    woken = gate.wake(concurrency.scope, concurrency.key, free)
-    held = 0 if woken < free else flow_key.held - woken
-    _save_held(FlowKey(scope=flow_key.scope, key=flow_key.key, held=held), flow_key.held)
+    before = flow_key.held
+    woken, everyone = gate.wake(concurrency.scope, concurrency.key, free)
+    flow_key.held = 0 if everyone else max(0, before - woken)
+    _save_held(gate.kind, flow_key, before)
     return woken

@@ -22,6 +22,7 @@ from kumiflow_django.flow.admission import (
     Concurrency,
     RateSpec,
     admit,
+    pending_count,
     release,
 )
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
@@ -41,10 +42,16 @@ ACTIVE = (
 
 
 class Runs:
-    def active(self, scope: str, key: str) -> int:
-        return WorkflowRun.objects.filter(flow_scope=scope, flow_key=key, status__in=ACTIVE).count()
+    kind = "run"
 
-    def wake(self, scope: str, key: str, n: int) -> int:
+    def active(self, scope: str, key: str) -> int:
+        """Active rows, and runs admitted in this transaction not written yet."""
+        written: int = WorkflowRun.objects.filter(
+            flow_scope=scope, flow_key=key, status__in=ACTIVE
+        ).count()
+        return written + pending_count(scope, key)
+
+    def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
         parked = WorkflowRun.objects.filter(
             flow_scope=scope,
             flow_key=key,
@@ -52,21 +59,23 @@ class Runs:
             held_by=CONCURRENCY,
             wake_at__isnull=True,
         )
-        ids = _lock_first(parked, ("-priority", "started_at", "since_position"), n)
+        ids, everyone = _lock_first(parked, ("-priority", "started_at", "since_position"), n)
         if ids:
             now = clock.now()
             WorkflowRun.objects.filter(pk__in=ids).update(wake_at=now)
             work_committed(WorkKind.RESUME, now)
-        return len(ids)
+        return len(ids), everyone
 
 
 class Tasks:
+    kind = "task"
+
     def active(self, scope: str, key: str) -> int:
         return StepTask.objects.filter(
             flow_scope=scope, flow_key=key, status=TaskStatus.RUNNING
         ).count()
 
-    def wake(self, scope: str, key: str, n: int) -> int:
+    def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
         parked = StepTask.objects.filter(
             flow_scope=scope,
             flow_key=key,
@@ -74,7 +83,7 @@ class Tasks:
             held_by=CONCURRENCY,
             next_attempt_at__isnull=True,
         )
-        ids = _lock_first(parked, ("-priority", "created_at"), n)
+        ids, everyone = _lock_first(parked, ("-priority", "created_at"), n)
         if ids:
             now = clock.now()
             # held_by stays: a woken attempt takes a free slot without queueing again.
@@ -82,19 +91,22 @@ class Tasks:
             rows = StepTask.objects.filter(pk__in=ids).values_list("id", "run_id", "backend")
             for task_id, run_id, backend in rows:
                 work_committed(WorkKind.TASK, now, run_id, task_id if backend else None)
-        return len(ids)
+        return len(ids), everyone
 
 
-def _lock_first(parked: QuerySet[Any, Any], order: tuple[str, ...], n: int) -> list[Any]:
-    """The first ``n`` parked rows in ``order``, locked; rows another transaction
-    holds are skipped (it is deciding about them).
+def _lock_first(
+    parked: QuerySet[Any, Any], order: tuple[str, ...], n: int
+) -> tuple[list[Any], bool]:
+    """The first ``n`` parked rows in ``order``, locked, and whether they were all
+    the parked rows there are; rows another transaction holds are skipped (it
+    is deciding about them).
 
     Found without a lock, then locked by primary key: a locking read through a
     secondary index locks every entry it passes on MariaDB, and waits for them
     even with SKIP LOCKED (two wakers deadlocked over the due index)."""
     ids = list(parked.order_by(*order).values_list("pk", flat=True)[: n + WAKE_SLACK])
     if not ids:
-        return []
+        return [], True
     model = parked.model
     locked = list(
         for_update(model._default_manager.filter(pk__in=ids), skip_locked=True).values_list(
@@ -103,7 +115,9 @@ def _lock_first(parked: QuerySet[Any, Any], order: tuple[str, ...], n: int) -> l
     )
     # Locked now: still parked? (read again without a lock: it cannot change under us)
     still = set(parked.filter(pk__in=locked).values_list("pk", flat=True))
-    return [pk for pk in ids if pk in still][:n]
+    chosen = [pk for pk in ids if pk in still][:n]
+    # Every parked row was read, and none was skipped: nothing stays parked.
+    return chosen, len(ids) < n + WAKE_SLACK and len(chosen) == len(ids)
 
 
 #: Extra rows read beyond those to wake, in case some are held by others.

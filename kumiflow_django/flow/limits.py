@@ -9,10 +9,13 @@ and attempts parked in its scope: they are admitted again by the new limit.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import QuerySet
 
 from kumiflow_django.definition.flow import MAX_SCOPE_LENGTH
-from kumiflow_django.flow.admission import CONCURRENCY, RATE, forget_overrides
+from kumiflow_django.flow.admission import CONCURRENCY, OVERRIDE_TTL, RATE, forget_overrides
 from kumiflow_django.flow.models import FlowKey, FlowLimit
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
@@ -38,9 +41,17 @@ def set_flow_limit(
     per window) of ``scope``: a workflow's name, or the ``scope=`` of a
     ``Limit``/``Rate`` (a task step's default scope is ``workflow/step``).
     None keeps the declared value; with both None the override is removed.
-    Returns the override (None when removed)."""
-    if not isinstance(scope, str) or not 0 < len(scope) <= MAX_SCOPE_LENGTH:
-        raise KumiflowError(f"a scope is a name of 1 to {MAX_SCOPE_LENGTH} characters")
+    Every process admits by it within ``OVERRIDE_TTL`` seconds; the runs and
+    attempts parked in the scope are checked again then. Returns the override
+    (None when removed)."""
+    if (
+        not isinstance(scope, str)
+        or not 0 < len(scope) <= MAX_SCOPE_LENGTH
+        or any(ord(c) < 32 or ord(c) == 127 for c in scope)
+    ):
+        raise KumiflowError(
+            f"a scope is a name of 1 to {MAX_SCOPE_LENGTH} characters without control characters"
+        )
     for what, value in (("max_active", max_active), ("rate_limit", rate_limit)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise KumiflowError(f"{what} must be a positive integer or None, not {value!r}")
@@ -78,19 +89,22 @@ def set_flow_limit(
 
 def _wake_scope(scope: str) -> int:
     """Every parked run and attempt of the scope is checked again (and parked
-    again where the new limit still holds it)."""
-    now = clock.now()
+    again where the new limit still holds it), once every process has read the
+    new limit (:data:`OVERRIDE_TTL` seconds): a worker that checked it earlier,
+    with the old limit cached, would only park it again. The keys' counts of
+    parked items are left as they are (an upper bound; too high only costs a
+    look)."""
+    when = clock.now() + timedelta(seconds=OVERRIDE_TTL + 1)
     runs = WorkflowRun.objects.filter(
         flow_scope=scope, status=RunStatus.QUEUED, held_by__in=[CONCURRENCY, RATE]
-    ).update(wake_at=now)
+    ).update(wake_at=when)
     tasks = StepTask.objects.filter(
         flow_scope=scope, status=TaskStatus.PENDING, held_by__in=[CONCURRENCY, RATE]
-    ).update(next_attempt_at=now)
-    FlowKey.objects.filter(scope=scope).update(held=0)
+    ).update(next_attempt_at=when)
     if runs:
-        work_committed(WorkKind.RESUME, now)
+        work_committed(WorkKind.RESUME, when)
     if tasks:
-        work_committed(WorkKind.TASK, now)
+        work_committed(WorkKind.TASK, when)
     return runs + tasks
 
 
@@ -104,21 +118,28 @@ def purge_idle_keys(created_before: datetime, *, limit: int = 10_000) -> int:
     candidates = list(
         FlowKey.objects.filter(created_at__lt=created_before, held=0)
         .order_by("created_at")
-        .values_list("pk", "scope", "key")[:limit]
+        .values_list("pk", "kind", "scope", "key")[:limit]
     )
     deleted = 0
-    for pk, scope, key in candidates:
+    for pk, kind, scope, key in candidates:
         with db.atomic():
             row = for_update(FlowKey.objects.filter(pk=pk, held=0)).first()
             if row is None:
                 continue
-            runs = WorkflowRun.objects.filter(flow_scope=scope, flow_key=key).exclude(
-                status__in=FINISHED
-            )
-            tasks = StepTask.objects.filter(
-                flow_scope=scope, flow_key=key, status__in=[TaskStatus.PENDING, TaskStatus.RUNNING]
-            )
-            if runs.exists() or tasks.exists():
+            busy: QuerySet[Any, Any] | None
+            if kind == "run":
+                busy = WorkflowRun.objects.filter(flow_scope=scope, flow_key=key).exclude(
+                    status__in=FINISHED
+                )
+            elif kind == "task":
+                busy = StepTask.objects.filter(
+                    flow_scope=scope,
+                    flow_key=key,
+                    status__in=[TaskStatus.PENDING, TaskStatus.RUNNING],
+                )
+            else:  # a debounce's lock row: recreated when next needed
+                busy = None
+            if busy is not None and busy.exists():
                 continue
             row.delete()
             deleted += 1

@@ -23,6 +23,9 @@ class FlowKey(models.Model):
     attempts parked until a slot frees (an upper bound: the waker resets it
     when it finds fewer)."""
 
+    #: What the key limits: runs or task attempts (a scope may limit both,
+    #: each counted on its own), or a debounce's burst.
+    kind = models.CharField(_("kind"), max_length=10, default="run")
     scope = models.CharField(_("scope"), max_length=limits.FLOW_SCOPE)
     key = models.CharField(_("key"), max_length=limits.FLOW_KEY)
     held = models.PositiveIntegerField(_("parked"), default=0)
@@ -34,11 +37,11 @@ class FlowKey(models.Model):
         verbose_name = _("flow key")
         verbose_name_plural = _("flow keys")
         constraints = [
-            models.UniqueConstraint(fields=["scope", "key"], name="kumiflow_flowkey_uq"),
+            models.UniqueConstraint(fields=["kind", "scope", "key"], name="kumiflow_flowkey_uq"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.scope} / {self.key}"
+        return f"{self.kind} {self.scope} / {self.key}"
 
 
 class RateBucket(models.Model):

@@ -20,6 +20,7 @@ class Migration(migrations.Migration):
                         auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
                     ),
                 ),
+                ("kind", models.CharField(default="run", max_length=10, verbose_name="kind")),
                 ("scope", models.CharField(max_length=401, verbose_name="scope")),
                 ("key", models.CharField(max_length=200, verbose_name="key")),
                 ("held", models.PositiveIntegerField(default=0, verbose_name="parked")),
@@ -205,7 +206,9 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name="flowkey",
-            constraint=models.UniqueConstraint(fields=("scope", "key"), name="kumiflow_flowkey_uq"),
+            constraint=models.UniqueConstraint(
+                fields=("kind", "scope", "key"), name="kumiflow_flowkey_uq"
+            ),
         ),
         migrations.AddConstraint(
             model_name="flowlimit",

@@ -363,6 +363,9 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         _clear_wait(run)
         run.status = RunStatus.RUNNING
         run.held_by = ""
+        if "fingerprint" in p:  # queued across a deploy: starts on the current definition
+            run.fingerprint = p["fingerprint"]
+            run.workflow_version = p.get("version") or ""
     elif event.type == ev.RUN_DEBOUNCED:
         trigger = p["trigger"]
         run.trigger_type = trigger.get("type", "")
@@ -439,7 +442,11 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
         run.recoveries += 1
     elif event.type == ev.SEGMENT_REFUSED:
         if run.status == RunStatus.RUNNING:
-            run.status = RunStatus.PENDING  # its first segment never committed
+            # Its first segment never committed. Under flow control it was never
+            # admitted either (the admission was rolled back with the segment):
+            # it waits for admission, not only for its start.
+            limited = run.flow_key or run.rate_key
+            run.status = RunStatus.QUEUED if limited else RunStatus.PENDING
         run.wake_at = _instant(p["retry_at"])
         run.last_error = p["error"]
         if p.get("event"):
