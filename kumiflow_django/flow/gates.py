@@ -22,8 +22,11 @@ from kumiflow_django.flow.admission import (
     Concurrency,
     RateSpec,
     admit,
+    lock_bucket,
+    lock_key,
     pending_count,
     release,
+    window_of,
 )
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
@@ -165,3 +168,20 @@ def release_task(task: StepTask) -> None:
     concurrency, _ = task_limits(task)
     if concurrency is not None:
         release(TASKS, concurrency)
+
+
+def lock_batch(tasks: list[StepTask], now: datetime) -> None:
+    """Lock the keys, then the rate buckets, of a batch of attempts about to be
+    admitted, each in sorted order: the order one admission takes them in."""
+    keys = set()
+    buckets = set()
+    for task in tasks:
+        concurrency, rate = task_limits(task)
+        if concurrency is not None:
+            keys.add((concurrency.scope, concurrency.key))
+        if rate is not None:
+            buckets.add((rate.scope, rate.key, window_of(now, rate.period)))
+    for scope, key in sorted(keys):
+        lock_key(TASKS.kind, scope, key)
+    for scope, key, window in sorted(buckets):
+        lock_bucket(scope, key, window)

@@ -138,8 +138,10 @@ def claim_due(
     try:
         with db.atomic():
             rows = list(for_update(due.order_by("next_attempt_at")[:limit], skip_locked=True))
-            # Limited ones in the order of their keys' locks (no two claims deadlock).
-            rows.sort(key=lambda t: (t.flow_scope, t.flow_key))
+            # Every key and rate bucket of the batch locked first, keys then
+            # buckets, each in sorted order (as a single admission takes them):
+            # two claims of overlapping batches cannot deadlock.
+            gates.lock_batch(rows, now)
             changes = []
             for task in rows:
                 if not gates.admit_task(task, now):
