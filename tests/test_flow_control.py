@@ -590,3 +590,29 @@ def test_a_scope_with_a_control_character_is_refused(registry):
         )
     with pytest.raises(KumiflowError, match="control characters"):
         set_flow_limit("a\nb", max_active=2)
+
+
+BREAK = {"on": True}
+
+
+def test_a_retried_run_holds_its_slot_so_the_next_start_queues(registry, clock):
+    """The failed first segment's admission was rolled back with it; the retry
+    makes the run active again, and the key's row says so to the next start."""
+    from kumiflow_django import retry_run
+
+    define_workflow(
+        "fragile",
+        concurrency=Limit(key="k", max=1),
+        steps=[s.compute("x", lambda ctx: 1 / 0 if BREAK["on"] else 1), s.wait("PT1H")],
+    )
+    failed = start_workflow("fragile")
+    assert failed.status == "failed"
+    FlowKey.objects.all().delete()  # as after kumiflow_retention purged the idle key
+    BREAK["on"] = False
+    try:
+        retry_run(failed.pk, by="ops", reason="fixed")
+        run_until_idle()
+        assert reload(failed).status == "waiting"
+        assert start_workflow("fragile").status == "queued"
+    finally:
+        BREAK["on"] = True

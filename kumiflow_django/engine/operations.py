@@ -18,6 +18,8 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import compensation
 from kumiflow_django.engine.segment import Segment
+from kumiflow_django.flow.admission import lock_key
+from kumiflow_django.flow.gates import RUNS as RUNS_GATE
 from kumiflow_django.projections.runs import (
     COMPENSATE,
     FINISHED,
@@ -246,6 +248,10 @@ def retry_run(
             payload["fingerprint"] = current.fingerprint
             payload["version"] = current.version
             remember(current)
+        if run.flow_key:
+            # It takes its slot at once (an operator's decision), and like every
+            # active run its key has its row (flow control's count relies on it).
+            lock_key(RUNS_GATE.kind, run.flow_scope, run.flow_key)
         updated = _append(run, ev.RUN_RETRIED, audited(payload, by, reason), by)
         if task is not None:
             work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)

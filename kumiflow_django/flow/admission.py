@@ -161,15 +161,22 @@ def rate_limit(scope: str, declared: int) -> int:
 # -- locks ------------------------------------------------------------------
 
 
-def lock_key(kind: str, scope: str, key: str) -> FlowKey:
-    """The key's row, locked until the transaction ends (created if missing)."""
+def lock_key(kind: str, scope: str, key: str) -> tuple[FlowKey, bool]:
+    """The key's row, locked until the transaction ends, and whether it is new.
+
+    A new row means nothing of the key is active: every active run (or
+    running attempt) has its key's row, created by its admission (or by
+    ``retry_run``) in the same transaction, and rows are deleted only when
+    their key has nothing active or parked, under this lock. So a new key
+    admits without counting: one statement for a per-run key."""
     for _ in range(5):
         now = clock.now()
         values = {"kind": kind, "scope": scope, "key": key, "held": 0, "created_at": now}
-        sql.insert_if_absent(FlowKey, values, using=db.alias())
+        if sql.insert_if_absent(FlowKey, values, using=db.alias()):
+            return FlowKey(kind=kind, scope=scope, key=key, held=0, created_at=now), True
         row = for_update(FlowKey.objects.filter(kind=kind, scope=scope, key=key)).first()
         if row is not None:
-            return row
+            return row, False
         # deleted between the two statements (an idle key purged): insert again
     raise RuntimeError(f"could not lock flow key {kind} {scope!r}/{key!r}")
 
@@ -226,9 +233,10 @@ def admit(
     held_before = 0
     if concurrency is not None:
         limit = max_active(concurrency.scope, concurrency.max)
-        flow_key = lock_key(gate.kind, concurrency.scope, concurrency.key)
+        flow_key, created = lock_key(gate.kind, concurrency.scope, concurrency.key)
         held_before = flow_key.held
-        free = limit - gate.active(concurrency.scope, concurrency.key)
+        # A new key has nothing active (see lock_key): nothing to count.
+        free = limit if created else limit - gate.active(concurrency.scope, concurrency.key)
         if free > 0 and new and flow_key.held:
             # Wake those in line first; take a slot only if they leave one.
             woken, everyone = gate.wake(concurrency.scope, concurrency.key, free)

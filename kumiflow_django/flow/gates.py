@@ -182,6 +182,6 @@ def lock_batch(tasks: list[StepTask], now: datetime) -> None:
         if rate is not None:
             buckets.add((rate.scope, rate.key, window_of(now, rate.period)))
     for scope, key in sorted(keys):
-        lock_key(TASKS.kind, scope, key)
+        lock_key(TASKS.kind, scope, key)  # (a new row is locked as it is inserted)
     for scope, key, window in sorted(buckets):
         lock_bucket(scope, key, window)
