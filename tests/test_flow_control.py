@@ -616,3 +616,21 @@ def test_a_retried_run_holds_its_slot_so_the_next_start_queues(registry, clock):
         assert start_workflow("fragile").status == "queued"
     finally:
         BREAK["on"] = True
+
+
+def test_a_queued_run_admitted_later_counts_before_its_row_says_so(registry, clock):
+    """A queued run's row says queued until its first segment is written: a run
+    its step starts in that segment must still count it as active."""
+    limit = Limit(key="k", max=1, scope="shared")
+    define_workflow("holder", concurrency=limit, steps=[s.wait("PT1H")])
+    define_workflow(
+        "a", concurrency=limit, steps=[s.append_event("b.go", stream_id="x"), s.wait("PT1H")]
+    )
+    define_workflow("b", trigger=on_event("b.go"), concurrency=limit, steps=[s.wait("PT1H")])
+    holder = start_workflow("holder")
+    a = start_workflow("a")
+    assert reload(a).status == "queued"
+    clock.advance(hours=1)
+    run_until_idle()  # the holder ends; a is admitted and starts b in its segment
+    assert (reload(holder).status, reload(a).status) == ("completed", "waiting")
+    assert WorkflowRun.objects.get(workflow="b").status == "queued"

@@ -42,6 +42,7 @@ from kumiflow_django.engine import admission, compensation
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute
 from kumiflow_django.engine.segment import Segment
+from kumiflow_django.flow.admission import Pending
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import RunWait
@@ -134,7 +135,10 @@ def _admitted(run: WorkflowRun, recovered: dict[str, Any] | None) -> Prepared:
     if hold is not None:
         admission.park(run, hold)
         return None
-    return opening(run, None, recovered, workflow=workflow)
+    # Its row says queued until the segment is written: a start in the segment
+    # (an event it appends) must count it as active all the same.
+    entry = Pending(run.flow_scope, run.flow_key, quiet=False) if run.flow_key else None
+    return opening(run, None, recovered, workflow=workflow, flow_entry=entry)
 
 
 def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
@@ -247,6 +251,7 @@ def opening(
     recovered: dict[str, Any] | None = None,
     *,
     workflow: Workflow | None = None,
+    flow_entry: Pending | None = None,
 ) -> Opening:
     """The segment that continues a locked, suspended run (or records why it
     cannot). ``workflow``: the definition an admitted queued run starts on."""
@@ -291,6 +296,7 @@ def opening(
             run,
             first=[(ev.RUN_ADMITTED, admitted)],
             steps=Steps(workflow, trigger, cursor=None, state=state, wake=actual),
+            flow_entry=flow_entry,
         )
     resumed: dict[str, Any] = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
     if recovered:
