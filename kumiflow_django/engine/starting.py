@@ -123,10 +123,13 @@ def start_triggered(event: Event) -> None:
                 if isinstance(group, Failure):
                     failure = group
                 elif trigger.throttle is not None:
-                    if _throttled(workflow, trigger.throttle, event, group):
+                    with db.atomic():  # a savepoint: a refusal here spares the append
+                        skipped = _throttled(workflow, trigger.throttle, event, group)
+                    if skipped:
                         continue
                 else:
-                    _debounce(workflow, trigger, event, group, key)
+                    with db.atomic():
+                        _debounce(workflow, trigger, event, group, key)
                     continue
             start_run(
                 workflow,
