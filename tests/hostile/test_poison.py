@@ -179,7 +179,8 @@ def _cpu_seconds(pid: int) -> float:
 @pytest.mark.django_db(transaction=True)
 def test_a_poison_run_beside_healthy_ones_costs_the_worker_almost_nothing():
     """20 s of a worker with one run whose segment the database always refuses:
-    under 1 s of CPU and under 50 KB of log, and the healthy runs complete."""
+    little more CPU than an idle worker's (not the 20 s of a spinning one), under
+    50 KB of log, and the healthy runs complete."""
     worker = spawn(
         "kumiflow_worker", "--no-cron", "--max-interval", "0.5", env={"SHOP_POISON": "1"}
     )
@@ -204,7 +205,11 @@ def test_a_poison_run_beside_healthy_ones_costs_the_worker_almost_nothing():
         codes = stop([worker])
 
     pill = WorkflowRun.objects.get(workflow="poison-pill")
-    assert cpu < 1.0, f"{cpu:.2f} s of CPU in 20 s"
+    # An idle worker polling its loops every 0.5 s already uses 0.7-1.0 s of CPU
+    # in 20 s on this 2-vCPU machine (measured alone); one that spins on the
+    # poison run uses all of it (20 s). 2.5 s keeps that margin under CI's load,
+    # where 1.0 s failed once at 1.47 s.
+    assert cpu < 2.5, f"{cpu:.2f} s of CPU in 20 s"
     assert log < 50_000, f"{log} bytes of log in 20 s"
     assert pill.status in ("pending", "failed"), pill.status
     assert Event.objects.filter(
