@@ -634,3 +634,21 @@ def test_a_queued_run_admitted_later_counts_before_its_row_says_so(registry, clo
     run_until_idle()  # the holder ends; a is admitted and starts b in its segment
     assert (reload(holder).status, reload(a).status) == ("completed", "waiting")
     assert WorkflowRun.objects.get(workflow="b").status == "queued"
+
+
+def _exits(event):
+    raise SystemExit(3)
+
+
+def test_a_key_resolver_that_raises_system_exit_fails_that_start_only(registry):
+    define_workflow("exits", concurrency=Limit(key=_exits, max=1), steps=[s.return_(1)])
+    define_workflow(
+        "exits-debounced",
+        trigger=on_event("thing.done", key=_exits, debounce="PT1M"),
+        steps=[s.return_(1)],
+    )
+    run = start_workflow("exits")
+    assert (run.status, run.reason) == ("failed", ev.FLOW_KEY_FAILED)
+    append_event("thing-1", "thing.done", {})  # the append itself goes through
+    failed = WorkflowRun.objects.get(workflow="exits-debounced")
+    assert (failed.status, failed.reason) == ("failed", ev.FLOW_KEY_FAILED)

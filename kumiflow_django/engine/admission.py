@@ -25,6 +25,7 @@ from kumiflow_django.flow.admission import Concurrency, Hold, RateSpec
 from kumiflow_django.flow.gates import RUNS
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import names as ev
+from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.values import clean_text
 
 #: A run whose workflow lost its limit keeps its key: every parked run is woken.
@@ -53,7 +54,11 @@ def resolve(workflow: Workflow, trigger: Trigger) -> dict[str, Any] | None:
             flow["key"] = resolve_key(workflow.concurrency.key, trigger, "the concurrency key")
         if workflow.rate is not None:
             flow["rate_key"] = resolve_key(workflow.rate.key, trigger, "the rate key")
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # user code: SystemExit fails the start like any error
+        if is_transient(exc):
+            raise
         raise Failure(
             ev.FLOW_KEY_FAILED,
             clean_text(f"{type(exc).__name__} resolving a flow key: {exc}", 600),

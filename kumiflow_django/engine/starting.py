@@ -171,7 +171,11 @@ def _group_key(workflow: Workflow, trigger: EventTrigger, event: Event) -> str |
         return "*"
     try:
         return resolve_key(trigger.key, event, "the trigger's key")
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # user code: SystemExit fails the start like any error
+        if is_transient(exc):
+            raise
         return Failure(
             ev.FLOW_KEY_FAILED,
             clean_text(f"{type(exc).__name__} resolving the trigger's key: {exc}", 600),
