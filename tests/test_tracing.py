@@ -277,6 +277,43 @@ def test_nested_steps_have_nested_spans(registry, traces):
     assert attributes(inner)["kumiflow.step_path"] == "0.then.0"
 
 
+def test_a_run_started_by_a_step_lends_no_attributes_to_later_steps(registry, traces):
+    """A step that starts another run inline: that run's steps run in the
+    middle of the first run's, and each step span names its own run."""
+    define_workflow("inner", steps=[s.compute("deep", lambda ctx: 1)], version="7")
+    define_workflow(
+        "outer",
+        steps=[
+            s.compute("before", lambda ctx: 1),
+            s.compute("spawn", lambda ctx: str(start_workflow("inner", tenant="acme").id)),
+            s.compute("after", lambda ctx: 1),
+        ],
+        version="3",
+    )
+    start_workflow("outer", tenant="acme")
+    outer = WorkflowRun.objects.get(workflow="outer")
+    inner = WorkflowRun.objects.get(workflow="inner")
+    expected = {
+        "kumiflow.step before": (outer, "3"),
+        "kumiflow.step spawn": (outer, "3"),
+        "kumiflow.step deep": (inner, "7"),
+        "kumiflow.step after": (outer, "3"),
+    }
+    for span in traces.named("kumiflow.step"):
+        run, version = expected[span.name]
+        assert attributes(span)["kumiflow.run_id"] == str(run.id), span.name
+        assert attributes(span)["kumiflow.workflow"] == run.workflow, span.name
+        assert attributes(span)["kumiflow.version"] == version, span.name
+        assert attributes(span)["kumiflow.tenant"] == "acme", span.name
+    # in the order they ended: the inner run's step inside the outer's "spawn"
+    assert [span.name for span in traces.named("kumiflow.step")] == [
+        "kumiflow.step before",
+        "kumiflow.step deep",
+        "kumiflow.step spawn",
+        "kumiflow.step after",
+    ]
+
+
 @pytest.fixture
 def webhooks(settings):
     settings.KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS = ["127.0.0.1"]
