@@ -113,7 +113,8 @@ def targets(results: list[dict[str, Any]], peer: bool) -> list[dict[str, Any]]:
                 observed["cost"] <= 0.15,
                 f"{observed['workflows_per_s']} vs {observed['workflows_per_s_without']}/s side "
                 f"by side ({observed['cost']:+.1%} time per workflow; "
-                f"CPU {observed['cpu_cost']:+.1%})",
+                f"CPU {observed['cpu_cost']:+.1%}; inside a traced caller's span "
+                f"{observed['cost_traced_caller']:+.1%})",
             )
     for db in ("postgresql", "sqlite"):
         limited = k("W1-limited", db)
