@@ -108,14 +108,16 @@ elif _db["ENGINE"] == "django.db.backends.mysql":
 
 # A second database, for the tests that put kumiflow-django's tables in a
 # database of their own (KUMIFLOW_DATABASE = "workflows"): same server, its
-# own database. Only the tests that ask for it create it.
-DATABASES["workflows"] = {
-    **_db,
-    "NAME": f"{_db['NAME']}_workflows" if _db["NAME"] != ":memory:" else ":memory:",
-    "TEST": {**_db.get("TEST", {}), "NAME": None},
-}
-if _db["ENGINE"] == "django.db.backends.sqlite3" and _db["NAME"] != ":memory:":
-    DATABASES["workflows"]["TEST"] = {"NAME": str(BASE_DIR / "test_workflows.sqlite3")}
+# own database. Only the tests that ask for it create it; the processes the
+# tests start go without it (tests/conftest.py sets TESTPROJECT_ONE_DATABASE).
+if not env.bool("TESTPROJECT_ONE_DATABASE", default=False):
+    DATABASES["workflows"] = {
+        **_db,
+        "NAME": f"{_db['NAME']}_workflows" if _db["NAME"] != ":memory:" else ":memory:",
+        "TEST": {**_db.get("TEST", {}), "NAME": None},
+    }
+    if _db["ENGINE"] == "django.db.backends.sqlite3" and _db["NAME"] != ":memory:":
+        DATABASES["workflows"]["TEST"] = {"NAME": str(BASE_DIR / "test_workflows.sqlite3")}
 
 # The worker's LISTEN connection through another alias (tests/test_listen.py:
 # the loops go through a transaction-pooling PgBouncer, LISTEN does not).

@@ -4,6 +4,19 @@ import pytest
 from django.db import connection
 
 
+def pytest_sessionstart(session):
+    """The processes the tests start (workers, servers) run on the test
+    database alone: they leave out the settings' second alias, whose test
+    database exists only when a test asks for it (Django's checks at a
+    command's start connect to every alias)."""
+    import os
+
+    from django.conf import settings
+
+    assert "workflows" in settings.DATABASES  # this process's settings are read first
+    os.environ["TESTPROJECT_ONE_DATABASE"] = "1"
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that need row locks or several connections run on the server databases only."""
     if connection.vendor != "sqlite":

@@ -12,9 +12,8 @@ from kumiflow_django import start_workflow
 from kumiflow_django.models import RunStatus, WorkflowRun
 from tests.processes import output, spawn, stop, wait_for
 
-# "workflows": the worker processes check every database alias of the settings.
 pytestmark = [
-    pytest.mark.django_db(transaction=True, databases=["default", "workflows"]),
+    pytest.mark.django_db(transaction=True),
     pytest.mark.server_db,
 ]
 

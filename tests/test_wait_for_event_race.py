@@ -10,6 +10,7 @@ exercises its race or fails, it cannot pass without it.
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
 from django.db import transaction
@@ -20,6 +21,15 @@ from kumiflow_django.models import Event, RunStatus, WorkflowRun
 from tests.races import in_thread, wait_until_blocked_or_done
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
+
+
+def fresh(name: str) -> str:
+    """A stream id no earlier test used. The flush after a transactional test
+    deletes the events, and until InnoDB purges them, an insert of the same
+    (stream_id, version) takes shared next-key locks on the unique index (its
+    duplicate check, also under READ COMMITTED): the appender held open here
+    would then block other transactions' inserts into the neighbouring gap."""
+    return f"{name}-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture
@@ -58,7 +68,8 @@ def test_the_run_suspends_and_commits_while_the_append_is_still_open(waiter):
     commits after the run's own after-commit look-back: its after-commit check
     wakes the run."""
     inserted, release = hold_after_insert("ping")
-    appender, errors = in_thread(lambda: append_event("p", "ping", {"key": 1}))
+    stream = fresh("p")
+    appender, errors = in_thread(lambda: append_event(stream, "ping", {"key": 1}))
     assert inserted.wait(30)
 
     run = start_workflow("waiter", payload={"key": 1})  # commits while the append is open
@@ -85,7 +96,8 @@ def test_the_append_commits_while_the_suspension_is_still_open(waiter):
 
     starter, errors = in_thread(suspend_and_hold)
     assert suspended.wait(30)
-    appender, append_errors = in_thread(lambda: append_event("p", "ping", {"key": 2}))
+    stream = fresh("p")
+    appender, append_errors = in_thread(lambda: append_event(stream, "ping", {"key": 2}))
     # The append commits, or (MariaDB) its locking search waits for the
     # suspension's uncommitted row: either way it ran before the run commits.
     wait_until_blocked_or_done(appender)
@@ -122,13 +134,14 @@ def test_an_event_that_commits_late_with_a_smaller_position_is_found(checkout, o
     taken at insert, not at commit: a run that looked back only above its
     start's position waited until its timeout."""
     inserted, release = hold_after_insert("payment.received")
+    payment_stream, order_stream = fresh("payment-1"), fresh("order-7")
     payer, errors = in_thread(
-        lambda: append_event("payment-1", "payment.received", {"order": 7, "cents": 990})
+        lambda: append_event(payment_stream, "payment.received", {"order": 7, "cents": 990})
     )
     assert inserted.wait(30)
 
     if order == "run-commits-first":
-        append_event("order-7", "order.placed", {"order": 7})  # the run starts and waits
+        append_event(order_stream, "order.placed", {"order": 7})  # the run starts and waits
         run = WorkflowRun.objects.get(workflow="checkout")
         assert run.status == RunStatus.WAITING_EVENT
         release.set()
@@ -137,7 +150,7 @@ def test_an_event_that_commits_late_with_a_smaller_position_is_found(checkout, o
 
         def place_and_hold():
             with transaction.atomic():
-                append_event("order-7", "order.placed", {"order": 7})
+                append_event(order_stream, "order.placed", {"order": 7})
                 placed.set()
                 assert release_order.wait(30)
 
