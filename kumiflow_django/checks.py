@@ -363,6 +363,51 @@ def sqlite_warnings(databases: Mapping[str, Any]) -> list[checks.CheckMessage]:
     return warnings
 
 
+@checks.register()
+def check_isolation_level(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Flow control counts a key's active runs under the key's row lock: a
+    snapshot older than the lock (REPEATABLE READ, SERIALIZABLE) misses runs
+    admitted meanwhile, and a limit could let more in."""
+    return isolation_warnings(django_settings.DATABASES, str(settings.DATABASE))
+
+
+#: The level each backend runs at when ``OPTIONS`` does not name one.
+_READ_COMMITTED = {"postgresql": "read committed", "mysql": "read committed"}
+
+
+def isolation_warnings(databases: Mapping[str, Any], alias: str) -> list[checks.CheckMessage]:
+    config = databases.get(alias) or {}
+    vendor = str(config.get("ENGINE", "")).rsplit(".", 1)[-1]
+    options = config.get("OPTIONS") or {}
+    if vendor not in _READ_COMMITTED or "isolation_level" not in options:
+        return []  # SQLite has one writer at a time; the others default to READ COMMITTED
+    level = options["isolation_level"]
+    if vendor == "postgresql":
+        from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+        try:
+            # the driver's constant (psycopg 2 and 3 number the levels differently)
+            name = IsolationLevel(level).name.replace("_", " ").lower()
+        except ValueError:
+            return []  # Django itself refuses it when it connects
+    else:  # MySQL and MariaDB: a name, or None for the server's default
+        name = "the server's default" if level is None else str(level).lower()
+    if name in ("read committed", "read uncommitted"):
+        return []
+    said = "the server's default level (REPEATABLE READ)" if level is None else name.upper()
+    return [
+        checks.Warning(
+            f"The database {alias!r} that kumiflow-django uses runs its transactions "
+            f"at {said}: flow-control limits are exact only under READ COMMITTED.",
+            hint='Leave DATABASES[...]["OPTIONS"]["isolation_level"] unset (Django '
+            "runs PostgreSQL and MySQL at READ COMMITTED), or give kumiflow-django "
+            "an alias of its own with KUMIFLOW_DATABASE.",
+            id="kumiflow.W003",
+            obj=alias,
+        )
+    ]
+
+
 #: Step kinds whose ``model`` argument names a Django model.
 MODEL_STEP_PREFIXES = ("read.", "model.")
 

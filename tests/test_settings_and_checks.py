@@ -63,6 +63,57 @@ def test_a_misspelt_setting_is_a_warning():
     assert ids(messages) == ["kumiflow.W001"]
 
 
+@pytest.mark.parametrize(
+    ("engine", "level", "warned"),
+    [
+        ("postgresql", None, False),  # OPTIONS without isolation_level: READ COMMITTED
+        ("postgresql", "READ_COMMITTED", False),
+        ("postgresql", "REPEATABLE_READ", True),
+        ("postgresql", "SERIALIZABLE", True),
+        ("mysql", "read committed", False),
+        ("mysql", "repeatable read", True),
+        ("mysql", "SERIALIZABLE", True),
+        ("mysql", "server default", True),  # isolation_level None: the server's own
+        ("sqlite3", None, False),
+    ],
+)
+def test_an_isolation_level_above_read_committed_is_a_warning(engine, level, warned):
+    from kumiflow_django.checks import isolation_warnings
+
+    options: dict[str, object] = {}
+    if engine == "postgresql" and level is not None:
+        psycopg = pytest.importorskip("psycopg")
+        options["isolation_level"] = getattr(psycopg.IsolationLevel, level)
+    elif engine == "mysql":
+        options["isolation_level"] = None if level == "server default" else level
+    databases = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"},
+        "flows": {"ENGINE": f"django.db.backends.{engine}", "NAME": "x", "OPTIONS": options},
+    }
+    messages = isolation_warnings(databases, "flows")
+    assert ids(messages) == (["kumiflow.W003"] if warned else [])
+    if warned:
+        assert "'flows'" in messages[0].msg and "READ COMMITTED" in messages[0].msg
+    # only the database kumiflow-django uses is checked
+    assert isolation_warnings(databases, "default") == []
+
+
+def test_the_isolation_check_reads_kumiflow_database(monkeypatch):
+    from types import SimpleNamespace
+
+    from kumiflow_django import checks
+
+    repeatable = {"isolation_level": "repeatable read"}
+    databases = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"},
+        "flows": {"ENGINE": "django.db.backends.mysql", "NAME": "x", "OPTIONS": repeatable},
+    }
+    monkeypatch.setattr(checks, "django_settings", SimpleNamespace(DATABASES=databases))
+    assert checks.check_isolation_level() == []
+    with override_settings(KUMIFLOW_DATABASE="flows"):
+        assert ids(checks.check_isolation_level()) == ["kumiflow.W003"]
+
+
 def test_sqlite_without_immediate_transactions_is_a_warning():
     from kumiflow_django.checks import sqlite_warnings
 
