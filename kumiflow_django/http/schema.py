@@ -17,9 +17,9 @@ from kumiflow_django.http.errors import ApiError, bad_request
 from kumiflow_django.models import RunStatus
 from kumiflow_django.store import limits
 
-# No C0/C1 control characters: the engine refuses them in names and keys, and
-# saying so here names the field.
-_PLAIN = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+# No C0/C1 control characters and no lone surrogates: the engine refuses them
+# in names and keys, and saying so here names the field.
+_PLAIN = "^[^\\u0000-\\u001f\\u007f-\\u009f\\ud800-\\udfff]*$"
 
 
 def _text(max_length: int, description: str, *, pattern: str = _PLAIN) -> dict[str, Any]:
@@ -225,7 +225,7 @@ APPEND_EVENT: dict[str, Any] = {
         "type": _text(
             200,
             "The event's type. Types under kumiflow. are the engine's own.",
-            pattern="^(?!kumiflow\\.)[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+            pattern="^(?!kumiflow\\.)[^\\u0000-\\u001f\\u007f-\\u009f\\ud800-\\udfff]*$",
         ),
         "payload": {"type": "object"},
         "metadata": {"type": "object"},
@@ -245,7 +245,7 @@ APPEND_EVENT: dict[str, Any] = {
 _REASON = {
     "type": "string",
     "maxLength": 500,
-    "description": "Why; recorded on the run for a cancel, logged for the others.",
+    "description": "Why; recorded with the caller's name on the run's event.",
 }
 
 CANCEL_RUN: dict[str, Any] = {
@@ -266,11 +266,20 @@ RETRY_RUN: dict[str, Any] = {
     },
 }
 
+#: What an operation answers: the run, or only its summary to a caller that
+#: may operate runs but not view them (an operator bot's token).
+OPERATED_RUN: dict[str, Any] = {
+    "anyOf": [{"$ref": "#/components/schemas/Run"}, {"$ref": "#/components/schemas/RunSummary"}],
+    "description": "The run after the operation: the whole run if the caller may view "
+    "runs (kumiflow.view_workflowrun), else its summary.",
+}
+
 #: name -> schema, as they appear under components/schemas.
 COMPONENTS: dict[str, dict[str, Any]] = {
     "Error": ERROR,
     "RunSummary": RUN_SUMMARY,
     "Run": RUN,
+    "OperatedRun": OPERATED_RUN,
     "RunPage": RUN_PAGE,
     "Event": EVENT,
     "StartRun": START_RUN,
@@ -344,9 +353,12 @@ _PATTERNS: dict[str, re.Pattern[str]] = {}
 
 
 def _compiled(pattern: str) -> re.Pattern[str]:
-    # JSON Schema writes \uXXXX escapes; Python's re reads them alike.
+    # JSON Schema writes \uXXXX escapes; Python's re reads them alike. Its
+    # patterns are ECMA-262's, where "$" ends the text: Python's "$" also
+    # matches before a final newline ("x\n"), so it is read as "\Z".
     if pattern not in _PATTERNS:
-        _PATTERNS[pattern] = re.compile(pattern)
+        python = pattern[:-1] + "\\Z" if pattern.endswith("$") else pattern
+        _PATTERNS[pattern] = re.compile(python)
     return _PATTERNS[pattern]
 
 

@@ -110,12 +110,21 @@ def encode_cursor(run: WorkflowRun) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """The mark a cursor holds; anything else (however crafted) is a 400 on ``cursor``."""
     try:
+        if len(cursor) > 200:  # a cursor this API gives out is about 100 characters
+            raise ValueError("too long")
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        started, run_id = json.loads(raw)
+        found = json.loads(raw)
+        if not (isinstance(found, list) and len(found) == 2):
+            raise ValueError("not a pair")
+        started, run_id = found
+        if not (isinstance(started, str) and isinstance(run_id, str)):
+            raise ValueError("not text")
         when = datetime.fromisoformat(started)
         if when.tzinfo is None:
             raise ValueError("naive")
-        return when, uuid.UUID(run_id)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+        # in UTC here: a date at the calendar's edge overflows now, not in the query
+        return when.astimezone(UTC), uuid.UUID(run_id)
+    except (binascii.Error, ValueError, TypeError, OverflowError, RecursionError):
         raise bad_request("cursor", "is not a cursor this API gave out") from None

@@ -10,6 +10,7 @@ reads runs only within the caller's tenants, so another tenant's run is
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db.models import Q
@@ -28,7 +29,11 @@ from kumiflow_django.http import serializers, tokens
 from kumiflow_django.http.auth import Principal
 from kumiflow_django.http.errors import ApiError, bad_request, from_kumiflow
 from kumiflow_django.models import WorkflowRun
+from kumiflow_django.store import limits, log
+from kumiflow_django.store.audit import check_operator
+from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.store.values import to_json
 
 logger = get_logger("kumiflow_django.http")
 
@@ -100,6 +105,14 @@ def start_run(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
     """Start a run (its first segment runs now, unless the workflow is deferred)."""
     principal.require(tokens.START)
     tenant = principal.tenant(body.get("tenant"))
+    _check_fields(
+        body,
+        (
+            "idempotency_key",
+            lambda k: k is None or log.check_text(k, "idempotency_key", limits.IDEMPOTENCY_KEY),
+        ),
+        ("payload", lambda p: to_json(dict(p or {}), "payload")),
+    )
     try:
         run = start_workflow(
             body["workflow"],
@@ -123,6 +136,21 @@ def append(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
     """Append an event: how a service signals a run waiting for it, or starts workflows."""
     principal.require(tokens.APPEND)
     tenant = principal.tenant(body.get("tenant"))
+    _check_fields(
+        body,
+        ("stream_id", log.check_stream_id),
+        ("type", log.check_event_type),
+        (
+            "stream_type",
+            lambda t: log.check_text(t or "", "stream_type", limits.STREAM_TYPE, empty=True),
+        ),
+        ("payload", lambda p: to_json(dict(p or {}), "payload")),
+        ("metadata", lambda m: to_json(dict(m or {}), "metadata")),
+    )
+    if body.get("stream_type") in log.ENGINE_STREAM_TYPES:
+        raise bad_request("stream_type", "is reserved for the workflow engine")
+    if str(body["stream_id"]).startswith(log.RESERVED_STREAM_PREFIXES):
+        raise bad_request("stream_id", "is reserved for the workflow engine")
     try:
         event = append_event(
             body["stream_id"],
@@ -136,6 +164,10 @@ def append(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
             created_by=principal.name[:150],
             priority=body.get("priority"),
         )
+    except InvalidEvent as exc:
+        # what the fields' own checks above cannot see: a stream id that is an
+        # event type this project handles (swapped arguments)
+        raise from_kumiflow(exc, field="stream_id" if "stream id" in str(exc) else None) from exc
     except KumiflowError as exc:
         raise from_kumiflow(exc) from exc
     return serializers.event_json(tuple(getattr(event, f) for f in serializers.EVENT_FIELDS))
@@ -153,21 +185,50 @@ def operate(
     perm = {"cancel": tokens.CANCEL, "retry": tokens.RETRY, "wake": tokens.WAKE}[operation]
     principal.require(perm)
     run = find_run(principal, run_id)
-    reason = body.get("reason", "")
+    by = operator(principal)
+    try:
+        __, reason = check_operator(by, body.get("reason", ""))
+    except InvalidEvent as exc:
+        raise from_kumiflow(exc, field="reason") from exc
+    # the same calls as the admin's: who and why go on the run's event
     try:
         if operation == "cancel":
-            updated = cancel_run(run.id, reason=reason, tenant=run.tenant_id)
+            updated = cancel_run(run.id, reason=reason, tenant=run.tenant_id, by=by)
         elif operation == "retry":
             updated = retry_run(
                 run.id,
                 adopt_current_definition=body.get("adopt_current_definition", False),
                 tenant=run.tenant_id,
+                by=by,
+                reason=reason,
             )
         else:
-            updated = wake_run(run.id, tenant=run.tenant_id)
+            updated = wake_run(run.id, tenant=run.tenant_id, by=by, reason=reason)
     except KumiflowError as exc:
         raise from_kumiflow(exc) from exc
     logger.info(
         "run %s: %s by %s (%s)", run.id, operation, principal.name, reason or "no reason given"
     )
-    return serializers.run_detail(updated)
+    if principal.has_perm(tokens.VIEW):
+        return serializers.run_detail(updated)
+    return serializers.run_summary(updated)  # the permission to act is not one to read
+
+
+def operator(principal: Principal) -> str:
+    """Who an operation's event names: the caller's name as the audit stores it
+    (a name it cannot store is recorded as ``api``, and the call still runs)."""
+    name = principal.name[: limits.OPERATOR]
+    try:
+        return check_operator(name, "")[0] or "api"
+    except InvalidEvent:
+        return "api"
+
+
+def _check_fields(body: dict[str, Any], *checks: tuple[str, Callable[[Any], object]]) -> None:
+    """Each field through the engine's own check of it, so that a refusal names
+    its field (the engine refuses the same values, without saying which field)."""
+    for name, check in checks:
+        try:
+            check(body.get(name))
+        except InvalidEvent as exc:
+            raise from_kumiflow(exc, field=name) from exc

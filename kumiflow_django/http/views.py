@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -61,7 +62,12 @@ def read_body(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
     request_schema = endpoint.request_schema
     if request_schema is None:
         return {}
-    raw = request.body
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise bad_request(
+            None, "the body is larger than the server takes (DATA_UPLOAD_MAX_MEMORY_SIZE)"
+        ) from None
     if not raw.strip():
         data: Any = {}
     else:
@@ -69,6 +75,8 @@ def read_body(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise bad_request(None, f"the body is not JSON: {exc}") from None
+        except RecursionError:  # nested deeper than the parser goes
+            raise bad_request(None, "the body is not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise bad_request(None, "the body must be a JSON object")
     schema.validate(data, request_schema, "")
@@ -101,10 +109,18 @@ def json_response(status: int, data: dict[str, Any]) -> JsonResponse:
     return JsonResponse(data, status=status, json_dumps_params={"ensure_ascii": False})
 
 
+def allowed(methods: dict[str, Endpoint]) -> str:
+    """The ``Allow`` header: the path's methods, HEAD with GET, and OPTIONS."""
+    names = [m.upper() for m in methods]
+    if "GET" in names:
+        names.insert(names.index("GET") + 1, "HEAD")
+    return ", ".join([*names, "OPTIONS"])
+
+
 def method_not_allowed(methods: dict[str, Endpoint]) -> HttpResponse:
-    allowed = ", ".join(m.upper() for m in methods)
-    response = ApiError("method_not_allowed", f"use {allowed}").response()
-    response["Allow"] = allowed
+    allow = allowed(methods)
+    response = ApiError("method_not_allowed", f"use {allow}").response()
+    response["Allow"] = allow
     return response
 
 
@@ -113,7 +129,13 @@ def api_view(methods: dict[str, Endpoint]) -> Callable[..., HttpResponse]:
 
     @csrf_exempt
     def view(request: HttpRequest, **path: str) -> HttpResponse:
-        endpoint = methods.get((request.method or "").lower())
+        method = (request.method or "").lower()
+        if method == "options":  # what the path allows; nothing else is said
+            response = HttpResponse(status=204)
+            response["Allow"] = allowed(methods)
+            return response
+        # HEAD is GET without its body (the server drops it: RFC 9110, 9.3.2)
+        endpoint = methods.get("get" if method == "head" else method)
         if endpoint is None:
             return method_not_allowed(methods)
         try:

@@ -303,8 +303,9 @@ def test_a_payload_the_engine_refuses_names_the_payload(api, approval):
         ({"stream_id": "s", "type": "t", "schema_version": 0}, 400, "schema_version"),
         ({"stream_id": "s", "type": "t", "metadata": "x"}, 400, "metadata"),
         ({"stream_id": "s", "type": "t", "expected_version": 3}, 409, "expected_version"),
-        # The engine's refusal (a stream the engine owns): no single field to name.
-        ({"stream_id": "cron:daily", "type": "t"}, 400, None),
+        # a stream the engine owns, by its id or by its type
+        ({"stream_id": "cron:daily", "type": "t"}, 400, "stream_id"),
+        ({"stream_id": "s", "type": "t", "stream_type": "workflow-run"}, 400, "stream_type"),
     ],
 )
 def test_a_refused_append_is_a_400_or_409(api, body, status, field):
@@ -334,7 +335,7 @@ def test_operations_a_run_state_does_not_allow_are_409(api, registry):
 
 def test_a_wrong_method_is_a_405_that_says_which_are_allowed(api):
     response = api.delete(f"{API}runs/")
-    assert response.status_code == 405 and response["Allow"] == "GET, POST"
+    assert response.status_code == 405 and response["Allow"] == "GET, HEAD, POST, OPTIONS"
     assert error(response)["code"] == "method_not_allowed"
     assert (
         api.post_json(f"{API}runs/00000000-0000-0000-0000-000000000000/events/").status_code == 405
