@@ -15,6 +15,7 @@ is not a cookie; session requests get the CSRF check in
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +73,7 @@ def read_body(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
         data: Any = {}
     else:
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, object_pairs_hook=_unique_keys)
         except (ValueError, UnicodeDecodeError) as exc:
             raise bad_request(None, f"the body is not JSON: {exc}") from None
         except RecursionError:  # nested deeper than the parser goes
@@ -81,6 +82,22 @@ def read_body(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
         raise bad_request(None, "the body must be a JSON object")
     schema.validate(data, request_schema, "")
     return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique: with a key twice, parsers differ on
+    which value counts (this one took the last), so such a body is refused."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the key {key!r} appears twice in an object")
+            seen.add(key)
+    return found
+
+
+_INTEGER = re.compile(r"-?[0-9]{1,30}")
 
 
 def read_query(request: HttpRequest, endpoint: Endpoint) -> dict[str, Any]:
@@ -97,10 +114,11 @@ def convert(raw: str, param_schema: dict[str, Any], name: str) -> Any:
     """A query or header value as its schema's type, validated."""
     value: Any = raw
     if param_schema.get("type") == "integer":
-        try:
-            value = int(raw)
-        except ValueError:
-            raise bad_request(name, "must be an integer") from None
+        # ASCII digits only: Python's int() also takes "1_0", "+2", " 3 " and
+        # other scripts' digits, which a cache or a proxy would read otherwise
+        if not _INTEGER.fullmatch(raw):
+            raise bad_request(name, "must be an integer")
+        value = int(raw)
     schema.validate(value, param_schema, name)
     return value
 

@@ -171,3 +171,18 @@ def test_head_is_get_without_a_body_and_options_says_what_is_allowed(api, approv
     assert api.options(f"{API}events/")["Allow"] == "POST, OPTIONS"
     # HEAD asks as GET does: the same authentication
     assert Client().head(f"{API}runs/").status_code == 401
+
+
+def test_a_key_given_twice_is_refused_not_read_one_way(api, approval):
+    body = '{"workflow": "nope", "workflow": "approval", "payload": {"order": 1}}'
+    response = api.post(f"{API}runs/", body, content_type="application/json")
+    assert response.status_code == 400 and "'workflow' appears twice" in error(response)["message"]
+    nested = '{"stream_id": "s", "type": "t", "payload": {"a": 1, "a": 2}}'
+    assert api.post(f"{API}events/", nested, content_type="application/json").status_code == 400
+    assert not WorkflowRun.objects.exists() and not Event.objects.exists()
+
+
+@pytest.mark.parametrize("raw", ["1_0", "+2", " 3 ", "\uff13", "1e2", "9" * 40])
+def test_a_query_integer_is_ascii_digits_only(api, raw):
+    response = api.get(f"{API}runs/", {"limit": raw})
+    assert response.status_code == 400 and error(response)["field"] == "limit"
