@@ -157,6 +157,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "API_MAX_PAGE_SIZE": ("kumiflow.E023", _positive_int, "a positive integer"),
     "SSE_HEARTBEAT": ("kumiflow.E024", _positive_number, "a positive number of seconds"),
     "SSE_POLL_INTERVAL": ("kumiflow.E025", _positive_number, "a positive number of seconds"),
+    "SSE_MAX_LISTENERS": ("kumiflow.E029", _non_negative_int, "zero or a positive integer"),
     "TASK_THREADS": ("kumiflow.E040", _non_negative_int, "zero or a positive integer"),
     "MAX_RESULT_BYTES": ("kumiflow.E041", _positive_int, "a positive integer (bytes)"),
     "TENANT_WEIGHTS": (

@@ -93,6 +93,11 @@ class KumiflowSettings:
     #: Seconds between two reads of a live run stream when nothing wakes it: the
     #: only trigger on SQLite and MariaDB, a safety net under PostgreSQL's LISTEN.
     SSE_POLL_INTERVAL: float = 1.0
+    #: Most live run streams of one process that LISTEN, each with a database
+    #: connection of its own; the others (and a stream whose connection the
+    #: database refuses) poll every SSE_POLL_INTERVAL instead. Bounds the
+    #: backends that viewers can hold: processes x this.
+    SSE_MAX_LISTENERS: int = 20
     #: Whether live run streams on PostgreSQL LISTEN for changes of their run
     #: (one connection per stream), and every transaction that changed a run
     #: announces it with NOTIFY (one round trip after its commit). None: only

@@ -13,7 +13,9 @@ What wakes a stream to read its run's new events:
   backend per stream. LISTEN starts before the first read, so no change
   falls between the two; a broken connection is reopened and read again.
 - Everywhere (and as a safety net under LISTEN), a read every
-  ``KUMIFLOW_SSE_POLL_INTERVAL`` seconds.
+  ``KUMIFLOW_SSE_POLL_INTERVAL`` seconds. A stream beyond
+  ``KUMIFLOW_SSE_MAX_LISTENERS`` of its process, or one whose connection
+  the database refuses, only polls: viewers cannot take every backend.
 
 A client that goes away frees its connection at once under ASGI (Django
 cancels the response, the iterator's ``finally`` closes it); under WSGI
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
@@ -222,6 +225,37 @@ def open_stream(request: HttpRequest, run_id: str) -> StreamSpec | HttpResponse:
     return StreamSpec(str(run.id), run.tenant_id, after, alias, listen_params(alias))
 
 
+class ListenSlots:
+    """How many streams of this process LISTEN now, at most
+    ``KUMIFLOW_SSE_MAX_LISTENERS``: each holds a database backend of its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.taken >= settings.SSE_MAX_LISTENERS:
+                return False
+            self.taken += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.taken -= 1
+
+
+LISTEN_SLOTS = ListenSlots()
+
+
+def _refused(spec: StreamSpec, exc: BaseException) -> None:
+    logger.warning(
+        "run %s: the stream could not open its LISTEN connection (%s); it polls",
+        spec.run_id,
+        exc,
+    )
+
+
 def release_django_connection(alias: str) -> None:
     """Close the request's Django connection while a LISTEN stream runs: the stream
     reads through its own, so each stream holds one backend, not two."""
@@ -333,11 +367,21 @@ def _connection_lost(exc: BaseException) -> bool:
 async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
     """The stream's frames under ASGI."""
     run = RunStream(spec.after)
-    listener = AsyncListener(spec) if spec.listen is not None else None
+    slot = spec.listen is not None and LISTEN_SLOTS.take()
+    listener: AsyncListener | None = None
     try:
-        if listener is not None:
-            await sync_to_async(release_django_connection)(spec.alias)
-            await listener.aopen()
+        if slot:
+            listener = AsyncListener(spec)
+            try:
+                await listener.aopen()
+            except Exception as exc:
+                if not _connection_lost(exc):
+                    raise
+                _refused(spec, exc)
+                await listener.aclose()
+                listener = None
+            else:
+                await sync_to_async(release_django_connection)(spec.alias)
         yield OPENED
         while True:
             if listener is None:
@@ -362,18 +406,32 @@ async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
             for chunk in run.idle():
                 yield chunk
     finally:
-        if listener is not None:
-            await listener.aclose()
+        try:
+            if listener is not None:
+                await listener.aclose()
+        finally:
+            if slot:
+                LISTEN_SLOTS.give_back()
 
 
 def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
     """The stream's frames under WSGI: :func:`astream`, without ``await``."""
     run = RunStream(spec.after)
-    listener = Listener(spec) if spec.listen is not None else None
+    slot = spec.listen is not None and LISTEN_SLOTS.take()
+    listener: Listener | None = None
     try:
-        if listener is not None:
-            release_django_connection(spec.alias)
-            listener.open()
+        if slot:
+            listener = Listener(spec)
+            try:
+                listener.open()
+            except Exception as exc:
+                if not _connection_lost(exc):
+                    raise
+                _refused(spec, exc)
+                listener.close()
+                listener = None
+            else:
+                release_django_connection(spec.alias)
         yield OPENED
         while True:
             if listener is None:
@@ -396,8 +454,12 @@ def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
                     listener.wait(timeout)
             yield from run.idle()
     finally:
-        if listener is not None:
-            listener.close()
+        try:
+            if listener is not None:
+                listener.close()
+        finally:
+            if slot:
+                LISTEN_SLOTS.give_back()
 
 
 @csrf_exempt

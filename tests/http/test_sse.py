@@ -285,3 +285,84 @@ def test_a_stream_whose_connection_breaks_reopens_it_and_misses_nothing(approval
         time.sleep(0.05)
     assert sse_pids() == []
     assert "connection broke; reopening it" in caplog.text
+
+
+# -- a cap on the backends streams hold ------------------------------------------------------
+
+
+def test_streams_beyond_the_listener_cap_poll_and_hold_no_connection_of_their_own(approval):
+    run = start_workflow("approval", payload={"order": "o-1"})
+    nowhere = {"host": "127.0.0.1", "port": 1, "dbname": "x", "connect_timeout": 1}
+    with override_settings(KUMIFLOW_SSE_MAX_LISTENERS=0, KUMIFLOW_SSE_POLL_INTERVAL=0.01):
+        frames = sse.stream(StreamSpec(str(run.id), run.tenant_id, 0, "default", nowhere))
+        assert next(frames) == OPENED  # no connection tried: it would have failed
+        assert sse.LISTEN_SLOTS.taken == 0
+        assert [next(frames).split(b"\n")[0] for _ in range(2)] == [b"id: 1", b"id: 2"]
+        frames.close()
+
+
+def test_a_stream_whose_listen_connection_is_refused_polls_instead(approval, caplog):
+    pytest.importorskip("psycopg")
+    run = start_workflow("approval", payload={"order": "o-1"})
+    refused = {"host": "127.0.0.1", "port": 1, "dbname": "x", "connect_timeout": 1}
+    with override_settings(KUMIFLOW_SSE_POLL_INTERVAL=0.01, KUMIFLOW_SSE_HEARTBEAT=60):
+        frames = sse.stream(StreamSpec(str(run.id), run.tenant_id, 0, "default", refused))
+        assert next(frames) == OPENED
+        assert sse.LISTEN_SLOTS.taken == 1
+        assert [next(frames).split(b"\n")[0] for _ in range(2)] == [b"id: 1", b"id: 2"]
+        append_event("o-1", "order.approved", {"order": "o-1", "by": "ann"})
+        assert next(frames).split(b"\n")[0] == b"id: 3"
+        frames.close()
+    assert sse.LISTEN_SLOTS.taken == 0, "the slot is given back with the stream"
+    assert "could not open its LISTEN connection" in caplog.text
+
+    async def follow():
+        frames = sse.astream(StreamSpec(str(run.id), run.tenant_id, 0, "default", refused))
+        got = [await anext(frames) for _ in range(2)]
+        taken = sse.LISTEN_SLOTS.taken
+        await frames.aclose()
+        return got, taken
+
+    with override_settings(KUMIFLOW_SSE_POLL_INTERVAL=0.01):
+        got, taken = async_to_sync(follow)()
+    assert (got[0], got[1].split(b"\n")[0], taken) == (OPENED, b"id: 1", 1)
+    assert sse.LISTEN_SLOTS.taken == 0
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_only_max_listeners_streams_hold_a_backend(approval):
+    run = start_workflow("approval", payload={"order": "o-1"})
+
+    def sse_backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
+            )
+            return int(cursor.fetchone()[0])
+
+    with override_settings(
+        KUMIFLOW_SSE_MAX_LISTENERS=2, KUMIFLOW_SSE_POLL_INTERVAL=0.05, KUMIFLOW_SSE_HEARTBEAT=60
+    ):
+        params = sse.listen_params("default")
+        streams = [
+            sse.stream(StreamSpec(str(run.id), run.tenant_id, 0, "default", params))
+            for _ in range(5)
+        ]
+        for frames in streams:
+            assert next(frames) == OPENED
+        assert (sse.LISTEN_SLOTS.taken, sse_backends()) == (2, 2)
+        thread = approve_in_a_thread("o-1")
+        thread.join()
+        for frames in streams:  # the listening and the polling ones alike
+            assert [next(frames).split(b"\n")[0] for _ in range(3)] == [
+                b"id: 1",
+                b"id: 2",
+                b"id: 3",
+            ]
+            frames.close()
+    assert sse.LISTEN_SLOTS.taken == 0
+    deadline = time.monotonic() + 10
+    while sse_backends() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sse_backends() == 0
