@@ -169,3 +169,87 @@ def test_an_event_that_commits_late_with_a_smaller_position_is_found(checkout, o
     run = WorkflowRun.objects.get(workflow="checkout")
     assert payment.position < run.since_position, "the interleaving under test"
     assert (run.status, run.result) == (RunStatus.COMPLETED, {"order": 7, "cents": 990})
+
+
+@pytest.fixture
+def ticks(registry):
+    """A run that takes two events of one type, one after the other."""
+    define_workflow(
+        "ticks",
+        steps=[
+            s.wait_for_event("go", match={"payload.key": 1}),
+            s.wait_for_event("tick", match={"payload.key": 1}, name="first"),
+            s.wait_for_event("tick", match={"payload.key": 1}, name="second"),
+            s.return_(
+                lambda ctx: [ctx.steps["first"]["stream_id"], ctx.steps["second"]["stream_id"]]
+            ),
+        ],
+    )
+
+
+def hold_marked(event_type: str) -> tuple[threading.Event, threading.Event]:
+    """Hold open only the append of ``event_type`` whose payload says ``held``."""
+    inserted, release = threading.Event(), threading.Event()
+
+    def hold(sender, event, **kwargs):
+        if event.type == event_type and event.payload.get("held"):
+            inserted.set()
+            assert release.wait(30), "the test never released the appender"
+
+    event_appended.connect(hold, dispatch_uid="race-hold", weak=False)
+    return inserted, release
+
+
+def test_a_later_wait_finds_an_event_that_commits_below_the_one_an_earlier_wait_took(ticks):
+    """The first tick wait takes a tick inserted after another one that is
+    still in flight; the second wait then looks back above the taken one. The
+    late tick, committed below that cut-off, is found: it was a gap of the
+    first wait's take (it waited forever before)."""
+    run = start_workflow("ticks")
+    late = fresh("late")
+    inserted, release = hold_marked("tick")
+    ticker, errors = in_thread(lambda: append_event(late, "tick", {"key": 1, "held": True}))
+    assert inserted.wait(30)
+    append_event(fresh("go"), "go", {"key": 1})
+    early = fresh("early")
+    append_event(early, "tick", {"key": 1})  # committed first, taken by the first wait
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING_EVENT
+    release.set()
+    ticker.join(30)
+    assert not errors
+    late_tick = Event.objects.get(stream_id=late)
+    assert late_tick.position < Event.objects.get(stream_id=early).position, "the interleaving"
+    run.refresh_from_db()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, [early, late])
+
+
+def test_an_event_taken_at_a_gap_of_the_start_is_not_taken_twice(registry):
+    """A run starts while an event it awaits is in flight (a gap of its start);
+    the first wait takes it once it commits. The second wait must wait for
+    another event, not take the same one again."""
+    define_workflow(
+        "twice",
+        steps=[
+            s.wait_for_event("tick", match={"payload.key": 1}, name="first"),
+            s.wait_for_event("tick", match={"payload.key": 1}, name="second"),
+            s.return_(
+                lambda ctx: [ctx.steps["first"]["stream_id"], ctx.steps["second"]["stream_id"]]
+            ),
+        ],
+    )
+    inserted, release = hold_marked("tick")
+    late = fresh("late")
+    ticker, errors = in_thread(lambda: append_event(late, "tick", {"key": 1, "held": True}))
+    assert inserted.wait(30)
+    run = start_workflow("twice")  # its start's gaps hold the tick in flight
+    assert run.status == RunStatus.WAITING_EVENT
+    release.set()
+    ticker.join(30)
+    assert not errors
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING_EVENT, "the same tick was taken by both waits"
+    other = fresh("other")
+    append_event(other, "tick", {"key": 1})
+    run.refresh_from_db()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, [late, other])

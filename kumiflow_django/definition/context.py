@@ -231,6 +231,7 @@ STATE_KEYS = (
     "children",
     "settled",
     "compensations",
+    "consumed_gaps",
 )
 
 

@@ -177,7 +177,9 @@ def retry_point(run: WorkflowRun) -> dict[str, Any]:
                 restore["suspended_version"] = event.version
             if event.type == ev.STEP_WAITING_FOR_EVENT:
                 restore["awaited"] = {
-                    k: p[k] for k in ("event_type", "match", "correlation_key", "after")
+                    k: p[k]
+                    for k in ("event_type", "match", "correlation_key", "after", "gaps")
+                    if k in p
                 }
                 if resumed is not None and resumed.payload.get("event"):
                     restore["matched_position"] = resumed.payload["event"]["position"]

@@ -174,7 +174,11 @@ def branch_satisfied(run: WorkflowRun, event: Event) -> bool:
 
 
 def awaited_gaps(run: WorkflowRun) -> tuple[int, ...]:
-    """The gaps of the run's start, when its wait looks back to its start."""
+    """Positions below the wait's cut-off that count as after it: its own
+    (an earlier wait took a later event), else the run's start gaps when the
+    wait looks back to the start."""
+    if run.awaited_gaps is not None:
+        return tuple(run.awaited_gaps)
     if run.since_gaps and run.awaited_after == run.since_position:
         return tuple(run.since_gaps)
     return ()

@@ -353,6 +353,7 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
                 "correlation_key": wait.correlation_key,
                 "timeout_at": isoformat(wait.timeout_at) if wait.timeout_at else None,
                 "after": wait.after,
+                **({"gaps": list(wait.gaps)} if wait.gaps is not None else {}),
             },
         )
     else:

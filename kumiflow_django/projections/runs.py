@@ -105,6 +105,9 @@ class WorkflowRun(models.Model):
     # committed, count as "after the start" too. See matching.gaps_below().
     since_gaps = models.JSONField(_("positions in flight at the start"), null=True, blank=True)
     awaited_after = models.BigIntegerField(_("awaits events after"), null=True, blank=True)
+    # Positions at or below ``awaited_after`` whose events the wait had not
+    # seen (in flight when an earlier wait of the run took a later event).
+    awaited_gaps = models.JSONField(_("awaited gaps"), null=True, blank=True)
     matched_position = models.BigIntegerField(_("matched event"), null=True, blank=True)
     attempt = models.PositiveIntegerField(_("attempt"), default=1)
     last_error = models.TextField(_("last error"), blank=True)
@@ -242,6 +245,7 @@ def _clear_wait(run: WorkflowRun) -> None:
     run.correlation_key = ""
     run.awaited_match = None
     run.awaited_after = None
+    run.awaited_gaps = None
     run.matched_position = None
 
 
@@ -327,6 +331,7 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
             run.correlation_key = p["correlation_key"]
             run.awaited_match = p["match"]
             run.awaited_after = p["after"]
+            run.awaited_gaps = p.get("gaps")
         else:
             run.status = RunStatus.RETRY_SCHEDULED
             run.wake_at = _instant(p["wake_at"])
@@ -423,6 +428,7 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
             run.awaited_match = awaited["match"]
             run.correlation_key = awaited["correlation_key"]
             run.awaited_after = awaited["after"]
+            run.awaited_gaps = awaited.get("gaps")
         run.matched_position = restore.get("matched_position")
         if "fingerprint" in p:
             run.fingerprint = p["fingerprint"]

@@ -28,8 +28,10 @@ class EventWait:
     """Wake the run when an event matching ``match`` comes (``wait_for_event``,
     a delivery awaited), or at ``timeout_at``.
 
-    ``after`` is the log position events must come after; the run's start
-    gaps (positions in flight then) count as after it too.
+    ``after`` is the log position events must come after; ``gaps`` are
+    positions at or below it whose events were not seen when the cut-off
+    was taken (transactions in flight then): they count as after it too.
+    None: the run's start gaps, when ``after`` is the run's start.
     """
 
     event_type: str
@@ -37,6 +39,7 @@ class EventWait:
     correlation_key: str
     timeout_at: datetime | None
     after: int
+    gaps: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ def wait_data(wait: Wait) -> dict[str, Any]:
             "correlation_key": wait.correlation_key,
             "timeout_at": isoformat(wait.timeout_at) if wait.timeout_at else None,
             "after": wait.after,
+            **({"gaps": list(wait.gaps)} if wait.gaps is not None else {}),
         }
     if isinstance(wait, ChildWait):
         return {"kind": "child", "child_id": wait.child_id}
@@ -104,6 +108,7 @@ def event_wait(data: dict[str, Any]) -> EventWait:
         correlation_key=data["correlation_key"],
         timeout_at=parse_instant(timeout) if timeout else None,
         after=int(data["after"]),
+        gaps=None if data.get("gaps") is None else tuple(int(g) for g in data["gaps"]),
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kumiflow_django.definition import matching
-from kumiflow_django.definition.context import Context, WakeReason
+from kumiflow_django.definition.context import Context, WakeReason, state_part
 from kumiflow_django.definition.durations import check_when, to_deadline
 from kumiflow_django.definition.step import (
     Resolver,
@@ -46,25 +46,24 @@ class WaitForEventKind(StepKind):
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         event_type = step.args["event_type"]
-        consumed = ctx.state["consumed"]
         # Sequential waits of one branch take events one after the other; each
         # branch of a parallel step keeps its own count.
         taken = f"{ctx.branch}{event_type}" if ctx.branch else event_type
         if resume is not None:
             wake = ctx.wake
             if wake is not None and wake.reason == WakeReason.EVENT and wake.event is not None:
-                consumed[taken] = wake.event.position
+                took(ctx, taken, wake.event.position)
                 return matching.event_result(wake.event)
             return matching.timeout_result(event_type)
         values = {
             p: to_json(resolve(v, ctx), f"match value of {p!r}")
             for p, v in step.args["match"].items()
         }
-        after = max(ctx.since_position, consumed.get(taken, 0))
-        gaps = ctx.since_gaps if after == ctx.since_position else ()
-        found = matching.lookback(ctx.tenant, (event_type,), values, after, gaps)
+        after, own_gaps = cutoff(ctx, taken)
+        gaps = ctx.since_gaps if own_gaps is None and after == ctx.since_position else own_gaps
+        found = matching.lookback(ctx.tenant, (event_type,), values, after, gaps or ())
         if found is not None:
-            consumed[taken] = found.position
+            took(ctx, taken, found.position)
             return matching.event_result(found)
         timeout = step.args["timeout"]
         timeout_at = None if timeout is None else to_deadline(resolve(timeout, ctx), ctx.now)
@@ -74,11 +73,46 @@ class WaitForEventKind(StepKind):
             correlation_key=matching.correlation_key(values),
             timeout_at=timeout_at,
             after=after,
+            gaps=own_gaps,
         )
         raise Suspend(wait, path)
 
     def describe(self, step: Step) -> str:
         return f"wait for {step.args['event_type']}"
+
+
+def cutoff(ctx: Context, taken: str) -> tuple[int, tuple[int, ...] | None]:
+    """(after, gaps) of the next wait in the chain ``taken``: events after
+    ``after``, and those at the ``gaps`` below it, have not been taken yet.
+    Gaps None: the run's start gaps (nothing taken yet, or a run whose state
+    predates gaps per wait)."""
+    consumed = ctx.state["consumed"]
+    if taken not in consumed:
+        return ctx.since_position, None
+    after = max(ctx.since_position, consumed[taken])
+    own = state_part(ctx.state, "consumed_gaps").get(taken)
+    if own is None:  # taken before gaps were kept per wait
+        return after, None if after == ctx.since_position else ()
+    return after, tuple(own)
+
+
+def took(ctx: Context, taken: str, position: int) -> None:
+    """Record that the chain ``taken`` took the event at ``position``.
+
+    Positions are taken at insert, not at commit: when this event is above
+    the cut-off, events below it may still be in flight (inserted earlier,
+    not committed yet). They become the next wait's gaps, as the run's start
+    keeps its own, so that a later commit is not passed over. An event taken
+    at a gap leaves the cut-off where it is and the gap is closed.
+    """
+    after, gaps = cutoff(ctx, taken)
+    known = set(ctx.since_gaps if gaps is None and after == ctx.since_position else gaps or ())
+    if position > after:
+        known |= {g for g in matching.gaps_below(position) if g > after}
+        after = position
+    known.discard(position)
+    ctx.state["consumed"][taken] = after
+    state_part(ctx.state, "consumed_gaps")[taken] = sorted(known)[-matching.MAX_GAPS :]
 
 
 def wait_for_event(
