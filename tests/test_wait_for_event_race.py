@@ -253,3 +253,49 @@ def test_an_event_taken_at_a_gap_of_the_start_is_not_taken_twice(registry):
     append_event(other, "tick", {"key": 1})
     run.refresh_from_db()
     assert (run.status, run.result) == (RunStatus.COMPLETED, [late, other])
+
+
+def test_in_a_branch_a_later_wait_finds_an_event_that_commits_below_the_taken_one(registry):
+    """The same interleaving inside a parallel branch, whose waits the run's
+    RunWait rows index: their gaps wake the branch too."""
+    define_workflow(
+        "branch-ticks",
+        steps=[
+            s.parallel(
+                "both",
+                {
+                    "ticks": [
+                        s.wait_for_event("go", match={"payload.key": 1}),
+                        s.wait_for_event("tick", match={"payload.key": 1}, name="first"),
+                        s.wait_for_event("tick", match={"payload.key": 1}, name="second"),
+                        s.compute(
+                            "pair",
+                            lambda ctx: [
+                                ctx.steps["first"]["stream_id"],
+                                ctx.steps["second"]["stream_id"],
+                            ],
+                        ),
+                    ],
+                    "idle": [s.wait("PT1H")],
+                },
+                join="any",
+            ),
+            s.return_(lambda ctx: ctx.steps["both"]["ticks"]),
+        ],
+    )
+    run = start_workflow("branch-ticks")
+    late = fresh("late")
+    inserted, release = hold_marked("tick")
+    ticker, errors = in_thread(lambda: append_event(late, "tick", {"key": 1, "held": True}))
+    assert inserted.wait(30)
+    append_event(fresh("go"), "go", {"key": 1})
+    early = fresh("early")
+    append_event(early, "tick", {"key": 1})
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+    release.set()
+    ticker.join(30)
+    assert not errors
+    assert Event.objects.get(stream_id=late).position < Event.objects.get(stream_id=early).position
+    run.refresh_from_db()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, [early, late])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import connections
@@ -156,6 +156,17 @@ def matches(event: Any, values: Mapping[str, Any]) -> bool:
 GAP_WINDOW = 1000
 #: Most gaps kept per run (the newest: in-flight positions are recent ones).
 MAX_GAPS = 200
+
+
+def wait_gaps(
+    after: int, gaps: Sequence[int] | None, since_position: int, since_gaps: Sequence[int] | None
+) -> tuple[int, ...]:
+    """The positions at or below a wait's cut-off that count as after it: the
+    wait's own (an earlier wait of its chain took a later event), else the
+    run's start gaps when the wait looks back to the run's start."""
+    if gaps is not None:
+        return tuple(gaps)
+    return tuple(since_gaps or ()) if after == since_position else ()
 
 
 def gaps_below(position: int) -> list[int]:

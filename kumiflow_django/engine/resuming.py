@@ -166,8 +166,8 @@ def branch_satisfied(run: WorkflowRun, event: Event) -> bool:
     if event.tenant_id != run.tenant_id:
         return False
     waits = RunWait.objects.filter(run_id=run.id, event_type__in=awaited_as(event.type))
-    for match, after in waits.values_list("match", "after"):
-        gaps = tuple(run.since_gaps or ()) if after == run.since_position else ()
+    for match, after, own in waits.values_list("match", "after", "gaps"):
+        gaps = matching.wait_gaps(after, own, run.since_position, run.since_gaps)
         if matching.after_cutoff(event.position, after, gaps) and matching.matches(event, match):
             return True
     return False
@@ -177,11 +177,9 @@ def awaited_gaps(run: WorkflowRun) -> tuple[int, ...]:
     """Positions below the wait's cut-off that count as after it: its own
     (an earlier wait took a later event), else the run's start gaps when the
     wait looks back to the start."""
-    if run.awaited_gaps is not None:
-        return tuple(run.awaited_gaps)
-    if run.since_gaps and run.awaited_after == run.since_position:
-        return tuple(run.since_gaps)
-    return ()
+    return matching.wait_gaps(
+        run.awaited_after or 0, run.awaited_gaps, run.since_position, run.since_gaps
+    )
 
 
 def lookback(run: WorkflowRun) -> Event | None:
@@ -478,8 +476,10 @@ def _recheck_run(run_id: uuid.UUID, version: int) -> None:
         return
     if run.status == RunStatus.WAITING and run.branch_waits:
         waits = RunWait.objects.filter(run_id=run_id)
-        for event_type, match, after in waits.values_list("event_type", "match", "after"):
-            gaps = tuple(run.since_gaps or ()) if after == run.since_position else ()
+        for event_type, match, after, own in waits.values_list(
+            "event_type", "match", "after", "gaps"
+        ):
+            gaps = matching.wait_gaps(after, own, run.since_position, run.since_gaps)
             types = event_types_for(event_type)
             found = matching.lookback(run.tenant_id, types, match, after, gaps)
             if found is not None:

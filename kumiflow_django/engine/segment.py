@@ -304,6 +304,7 @@ def _branch_wait(branch: str, wait: EventWait) -> dict[str, Any]:
         "correlation_key": wait.correlation_key,
         "match": wait.match,
         "after": wait.after,
+        **({"gaps": list(wait.gaps)} if wait.gaps is not None else {}),
     }
 
 

@@ -31,6 +31,9 @@ class RunWait(models.Model):
     correlation_key = models.CharField(_("correlation key"), max_length=64)
     match = models.JSONField(_("awaited match"), default=dict)
     after = models.BigIntegerField(_("awaits events after"))
+    # Positions at or below ``after`` that count as after it (see
+    # WorkflowRun.awaited_gaps); null: the run's start gaps apply.
+    gaps = models.JSONField(_("awaited gaps"), null=True, blank=True)
 
     objects: ClassVar[EngineManager[RunWait]] = EngineManager()  # type: ignore[assignment]
 
@@ -50,7 +53,12 @@ Key = tuple[str, str, str, str]
 
 
 def _key(data: Any) -> Key:
-    return (data["branch"], data["event_type"], data["correlation_key"], str(data["after"]))
+    return (
+        data["branch"],
+        data["event_type"],
+        data["correlation_key"],
+        f"{data['after']}:{data.get('gaps')}",
+    )
 
 
 def waits_of(event: Event) -> list[dict[str, Any]]:
@@ -68,7 +76,7 @@ def sync(run_id: uuid.UUID, tenant: str, waits: Iterable[dict[str, Any]], *, had
     existing: dict[Key, int] = {}
     if had:
         for row in RunWait.objects.filter(run_id=run_id).values(
-            "id", "branch", "event_type", "correlation_key", "after"
+            "id", "branch", "event_type", "correlation_key", "after", "gaps"
         ):
             existing[_key(row)] = row["id"]
     stale = [pk for key, pk in existing.items() if key not in wanted]
@@ -83,6 +91,7 @@ def sync(run_id: uuid.UUID, tenant: str, waits: Iterable[dict[str, Any]], *, had
             correlation_key=w["correlation_key"],
             match=w["match"],
             after=w["after"],
+            gaps=w.get("gaps"),
         )
         for key, w in wanted.items()
         if key not in existing

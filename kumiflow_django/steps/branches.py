@@ -63,7 +63,7 @@ def wake_for(wait: dict[str, Any], ctx: Context, *, full: bool) -> Wake | None:
     # an event
     types = matching.event_types_for(wait["event_type"])
     after = int(wait["after"])
-    gaps = ctx.since_gaps if after == ctx.since_position else ()
+    gaps = matching.wait_gaps(after, wait.get("gaps"), ctx.since_position, ctx.since_gaps)
     event = ctx.wake.event if ctx.wake is not None else None
     if (
         event is not None
