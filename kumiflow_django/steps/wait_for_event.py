@@ -61,8 +61,8 @@ class WaitForEventKind(StepKind):
             for p, v in step.args["match"].items()
         }
         after, own_gaps = cutoff(ctx, taken)
-        gaps = ctx.since_gaps if own_gaps is None and after == ctx.since_position else own_gaps
-        found = matching.lookback(ctx.tenant, (event_type,), values, after, gaps or ())
+        gaps = matching.wait_gaps(after, own_gaps, ctx.since_position, ctx.since_gaps)
+        found = matching.lookback(ctx.tenant, (event_type,), values, after, gaps)
         if found is not None:
             took(ctx, taken, found.position)
             return matching.event_result(found)
@@ -107,7 +107,7 @@ def took(ctx: Context, taken: str, position: int) -> None:
     at a gap leaves the cut-off where it is and the gap is closed.
     """
     after, gaps = cutoff(ctx, taken)
-    known = set(ctx.since_gaps if gaps is None and after == ctx.since_position else gaps or ())
+    known = set(matching.wait_gaps(after, gaps, ctx.since_position, ctx.since_gaps))
     if position > after:
         if db.connection().vendor != "sqlite":  # one writer at a time: nothing in flight
             known |= {g for g in matching.gaps_below(position) if g > after}
