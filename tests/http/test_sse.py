@@ -179,6 +179,15 @@ postgres = pytest.mark.skipif(
 )
 
 
+def sse_backends() -> int:
+    """The database backends that live streams hold now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
+        )
+        return int(cursor.fetchone()[0])
+
+
 def approve_in_a_thread(order: str, event_type: str = "order.approved") -> threading.Thread:
     def work():
         try:
@@ -217,13 +226,6 @@ def test_a_listening_wsgi_stream_is_woken_by_the_notification(approval):
 @pytest.mark.django_db(transaction=True)
 def test_a_listening_asgi_stream_is_woken_and_its_connection_closed_with_it(approval):
     run = start_workflow("approval", payload={"order": "o-1"})
-
-    def sse_backends() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
-            )
-            return int(cursor.fetchone()[0])
 
     async def follow():
         spec = StreamSpec(str(run.id), run.tenant_id, 0, "default", sse.listen_params("default"))
@@ -333,13 +335,6 @@ def test_a_stream_whose_listen_connection_is_refused_polls_instead(approval, cap
 @pytest.mark.django_db(transaction=True)
 def test_only_max_listeners_streams_hold_a_backend(approval):
     run = start_workflow("approval", payload={"order": "o-1"})
-
-    def sse_backends() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
-            )
-            return int(cursor.fetchone()[0])
 
     with override_settings(
         KUMIFLOW_SSE_MAX_LISTENERS=2, KUMIFLOW_SSE_POLL_INTERVAL=0.05, KUMIFLOW_SSE_HEARTBEAT=60
