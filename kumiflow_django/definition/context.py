@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any
 
 from kumiflow_django.store import clock
@@ -180,6 +182,8 @@ class Context:
         #: child runs, what cancelled branches left).
         self.effects: list[Effect] = []
         self._attempts: list[int] = []
+        #: What resolvers see: the same context, read-only.
+        self.view = ResolverContext(self)
 
     @property
     def tenant(self) -> str:
@@ -213,6 +217,77 @@ class Context:
 
     def pop_attempt(self) -> None:
         self._attempts.pop()
+
+
+class ResolverContext:
+    """What a resolver (``lambda ctx: ...``) sees: a read-only view of the
+    segment's :class:`Context`.
+
+    The engine's own state (the run's state, the side effects the segment will
+    commit, the trail, the retry attempts) is not reachable from it, and its
+    attributes cannot be set: a resolver that wrote to them would change what
+    the segment commits behind the engine's back. ``steps`` and ``scope`` are
+    read-only mappings that follow the run as it advances; the values in them
+    are the stored results themselves, to be read, not changed.
+    """
+
+    __slots__ = ("_ctx", "_steps")
+    _ctx: Context
+    _steps: Mapping[str, Any]
+
+    def __init__(self, ctx: Context) -> None:
+        object.__setattr__(self, "_ctx", ctx)
+        object.__setattr__(self, "_steps", MappingProxyType(ctx.steps))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the resolver context is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"the resolver context is read-only (cannot delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"<ResolverContext run={self._ctx.run.id} workflow={self._ctx.run.workflow!r}>"
+
+    @property
+    def event(self) -> Trigger:
+        """The run's trigger event (a stand-in for manual and cron starts)."""
+        return self._ctx.event
+
+    @property
+    def steps(self) -> Mapping[str, Any]:
+        """The results of the steps that ran, by step name."""
+        return self._steps
+
+    @property
+    def scope(self) -> Mapping[str, Any]:
+        """The current item of each enclosing ``for_each``, by its ``as_`` name."""
+        return MappingProxyType(self._ctx.scope)
+
+    @property
+    def run(self) -> RunInfo:
+        return self._ctx.run
+
+    @property
+    def wake(self) -> Wake | None:
+        """Why the run continues in this segment (None in its first)."""
+        return self._ctx.wake
+
+    @property
+    def tenant(self) -> str:
+        return self._ctx.run.tenant
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number of the innermost ``retry`` (1 outside any)."""
+        return self._ctx.attempt
+
+    @property
+    def now(self) -> datetime:
+        return clock.now()
+
+    @property
+    def clock(self) -> clock.Clock:
+        return clock.get_clock()
 
 
 #: What a run's state holds (all keyed by ``Context.key`` of a step, but

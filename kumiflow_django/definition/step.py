@@ -127,7 +127,8 @@ def check_resolver(value: Any, what: str) -> None:
 
 
 def resolve(value: Resolver, ctx: Context) -> Any:
-    return value(ctx) if callable(value) and not isinstance(value, type) else value
+    """A resolver's value: a function gets the read-only view of the context."""
+    return value(ctx.view) if callable(value) and not isinstance(value, type) else value
 
 
 def path_text(path: list[Any] | tuple[Any, ...]) -> str:

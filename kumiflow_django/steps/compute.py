@@ -26,7 +26,7 @@ class ComputeKind(StepKind):
         check_resolver(step.args["fn"], "the compute function")
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
-        return step.args["fn"](ctx)
+        return step.args["fn"](ctx.view)
 
 
 def compute(name: str, fn: Any, *, compensate: Sequence[Step] | None = None) -> Step:

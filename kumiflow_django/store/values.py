@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from types import MappingProxyType
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -37,6 +38,16 @@ MAX_DEPTH = 20
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _DEPTH_CHANGE = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+class _Encoder(DjangoJSONEncoder):
+    """Django's encoder, and the read-only mappings resolvers see
+    (``ctx.steps``, ``ctx.scope``) as the objects they show."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, MappingProxyType):
+            return dict(o)
+        return super().default(o)
 
 
 def to_json(
@@ -65,7 +76,7 @@ def dump(
     ``setting`` names the limit in the error."""
     try:
         text = json.dumps(
-            value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False, separators=(",", ":")
+            value, cls=_Encoder, allow_nan=False, ensure_ascii=False, separators=(",", ":")
         )
     except RecursionError:
         raise InvalidEvent(f"{what} is nested too deeply (at most {MAX_DEPTH} levels)") from None
