@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
@@ -158,17 +159,6 @@ GAP_WINDOW = 1000
 MAX_GAPS = 200
 
 
-def wait_gaps(
-    after: int, gaps: Sequence[int] | None, since_position: int, since_gaps: Sequence[int] | None
-) -> tuple[int, ...]:
-    """The positions at or below a wait's cut-off that count as after it: the
-    wait's own (an earlier wait of its chain took a later event), else the
-    run's start gaps when the wait looks back to the run's start."""
-    if gaps is not None:
-        return tuple(gaps)
-    return tuple(since_gaps or ()) if after == since_position else ()
-
-
 def gaps_below(position: int) -> list[int]:
     """Positions at or below ``position`` not visible now: their transactions
     are still open (or were rolled back, leaving a hole for good).
@@ -188,9 +178,68 @@ def gaps_below(position: int) -> list[int]:
     return gaps[-MAX_GAPS:]
 
 
-def after_cutoff(position: int, after: int, gaps: Collection[int]) -> bool:
-    """Whether an event at ``position`` counts as after a cut-off with its gaps."""
-    return position > after or position in gaps
+@dataclass(frozen=True, slots=True)
+class Cutoff:
+    """Where a wait starts looking in the log: events after position
+    ``after``, and those at the ``gaps`` below it (their transactions were
+    still open when the cut-off was taken: they commit later, yet count as
+    after it)."""
+
+    after: int
+    gaps: tuple[int, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        after: int,
+        own_gaps: Sequence[int] | None,
+        since_position: int,
+        since_gaps: Sequence[int] | None,
+    ) -> Cutoff:
+        """The cut-off of a wait as the engine stores it: the wait's own gaps
+        (an earlier wait of its chain took a later event), else, None, the
+        run's start gaps when the wait looks back to the run's start."""
+        if own_gaps is not None:
+            return cls(after, tuple(own_gaps))
+        return cls(after, tuple(since_gaps or ()) if after == since_position else ())
+
+    def admits(self, position: int) -> bool:
+        """Whether an event at ``position`` counts as after the cut-off."""
+        return position > self.after or position in self.gaps
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """One wait for an event: the awaited type (or an alias, see
+    :data:`ALIASES`), the run's tenant, the match values and the cut-off.
+
+    Every check of whether an event satisfies a wait, live (the appender, a
+    waiting branch, the woken step) or looking back in the log, asks this.
+    """
+
+    event_type: str
+    tenant: str
+    match: Mapping[str, Any]
+    cutoff: Cutoff
+
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        return event_types_for(self.event_type)
+
+    def accepts(self, event: Any) -> bool:
+        """Whether ``event`` is one this wait takes."""
+        return (
+            event.type in self.event_types
+            and event.tenant_id == self.tenant
+            and self.cutoff.admits(event.position)
+            and matches(event, self.match)
+        )
+
+    def lookback(self) -> Event | None:
+        """The first event in the log this wait takes, if one is there already."""
+        return lookback(
+            self.tenant, self.event_types, self.match, self.cutoff.after, self.cutoff.gaps
+        )
 
 
 def lookback(

@@ -34,7 +34,7 @@ from kumiflow_django.definition.context import (
     check_state,
     state_part,
 )
-from kumiflow_django.definition.matching import awaited_as, event_types_for
+from kumiflow_django.definition.matching import Cutoff, Wait, awaited_as
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
@@ -151,46 +151,42 @@ def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
 
 def satisfies(run: WorkflowRun, event: Event) -> bool:
     if run.status == RunStatus.WAITING and run.branch_waits:
-        return branch_satisfied(run, event)
-    return (
-        run.status == RunStatus.WAITING_EVENT
-        and run.awaited_event_type in awaited_as(event.type)
-        and event.tenant_id == run.tenant_id
-        and matching.after_cutoff(event.position, run.awaited_after or 0, awaited_gaps(run))
-        and matching.matches(event, run.awaited_match or {})
+        return any(wait.accepts(event) for wait in branch_waits(run, event.type))
+    return run.status == RunStatus.WAITING_EVENT and awaited(run).accepts(event)
+
+
+def awaited(run: WorkflowRun) -> Wait:
+    """The wait of a run suspended in ``wait_for_event`` (the run row's columns)."""
+    return Wait(
+        run.awaited_event_type or "",
+        run.tenant_id,
+        run.awaited_match or {},
+        Cutoff.of(run.awaited_after or 0, run.awaited_gaps, run.since_position, run.since_gaps),
     )
 
 
-def branch_satisfied(run: WorkflowRun, event: Event) -> bool:
-    """Whether ``event`` is one that a branch of the run awaits."""
-    if event.tenant_id != run.tenant_id:
-        return False
-    waits = RunWait.objects.filter(run_id=run.id, event_type__in=awaited_as(event.type))
-    for match, after, own in waits.values_list("match", "after", "gaps"):
-        gaps = matching.wait_gaps(after, own, run.since_position, run.since_gaps)
-        if matching.after_cutoff(event.position, after, gaps) and matching.matches(event, match):
-            return True
-    return False
-
-
-def awaited_gaps(run: WorkflowRun) -> tuple[int, ...]:
-    """Positions below the wait's cut-off that count as after it: its own
-    (an earlier wait took a later event), else the run's start gaps when the
-    wait looks back to the start."""
-    return matching.wait_gaps(
-        run.awaited_after or 0, run.awaited_gaps, run.since_position, run.since_gaps
-    )
+def branch_waits(run: WorkflowRun, event_type: str | None = None) -> list[Wait]:
+    """The waits of a run's branches (its ``RunWait`` rows), those that an
+    event of ``event_type`` may satisfy when it is given."""
+    rows = RunWait.objects.filter(run_id=run.id)
+    if event_type is not None:
+        rows = rows.filter(event_type__in=awaited_as(event_type))
+    return [
+        Wait(
+            awaited_type,
+            run.tenant_id,
+            match,
+            Cutoff.of(after, own, run.since_position, run.since_gaps),
+        )
+        for awaited_type, match, after, own in rows.values_list(
+            "event_type", "match", "after", "gaps"
+        )
+    ]
 
 
 def lookback(run: WorkflowRun) -> Event | None:
     """The first event since the wait's cut-off that satisfies the waiting run."""
-    return matching.lookback(
-        run.tenant_id,
-        event_types_for(run.awaited_event_type or ""),
-        run.awaited_match or {},
-        run.awaited_after or 0,
-        awaited_gaps(run),
-    )
+    return awaited(run).lookback()
 
 
 def _definition(run: WorkflowRun) -> Workflow | Failure:
@@ -475,13 +471,8 @@ def _recheck_run(run_id: uuid.UUID, version: int) -> None:
     if run is None:
         return
     if run.status == RunStatus.WAITING and run.branch_waits:
-        waits = RunWait.objects.filter(run_id=run_id)
-        for event_type, match, after, own in waits.values_list(
-            "event_type", "match", "after", "gaps"
-        ):
-            gaps = matching.wait_gaps(after, own, run.since_position, run.since_gaps)
-            types = event_types_for(event_type)
-            found = matching.lookback(run.tenant_id, types, match, after, gaps)
+        for wait in branch_waits(run):
+            found = wait.lookback()
             if found is not None:
                 _deliver(run_id, found)
                 return

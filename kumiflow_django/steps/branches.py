@@ -61,22 +61,21 @@ def wake_for(wait: dict[str, Any], ctx: Context, *, full: bool) -> Wake | None:
     if kind == "branches":
         return ctx.wake if _nested_ready(wait, ctx, full=full) else None
     # an event
-    types = matching.event_types_for(wait["event_type"])
-    after = int(wait["after"])
-    gaps = matching.wait_gaps(after, wait.get("gaps"), ctx.since_position, ctx.since_gaps)
+    awaited = matching.Wait(
+        wait["event_type"],
+        ctx.tenant,
+        wait["match"],
+        matching.Cutoff.of(
+            int(wait["after"]), wait.get("gaps"), ctx.since_position, ctx.since_gaps
+        ),
+    )
     event = ctx.wake.event if ctx.wake is not None else None
-    if (
-        event is not None
-        and event.type in types
-        and event.tenant_id == ctx.tenant
-        and matching.after_cutoff(event.position, after, gaps)
-        and matching.matches(event, wait["match"])
-    ):
+    if event is not None and awaited.accepts(event):
         return Wake(WakeReason.EVENT, event)
     timeout = deadline(wait)
     over = timeout is not None and (timeout <= now or ctx.state.get("woken"))
     if full or over:
-        found = matching.lookback(ctx.tenant, types, wait["match"], after, gaps)
+        found = awaited.lookback()
         if found is not None:
             return Wake(WakeReason.EVENT, found)
     return Wake(WakeReason.TIMEOUT) if over else None

@@ -61,8 +61,12 @@ class WaitForEventKind(StepKind):
             for p, v in step.args["match"].items()
         }
         after, own_gaps = cutoff(ctx, taken)
-        gaps = matching.wait_gaps(after, own_gaps, ctx.since_position, ctx.since_gaps)
-        found = matching.lookback(ctx.tenant, (event_type,), values, after, gaps)
+        found = matching.Wait(
+            event_type,
+            ctx.tenant,
+            values,
+            matching.Cutoff.of(after, own_gaps, ctx.since_position, ctx.since_gaps),
+        ).lookback()
         if found is not None:
             took(ctx, taken, found.position)
             return matching.event_result(found)
@@ -107,7 +111,7 @@ def took(ctx: Context, taken: str, position: int) -> None:
     at a gap leaves the cut-off where it is and the gap is closed.
     """
     after, gaps = cutoff(ctx, taken)
-    known = set(matching.wait_gaps(after, gaps, ctx.since_position, ctx.since_gaps))
+    known = set(matching.Cutoff.of(after, gaps, ctx.since_position, ctx.since_gaps).gaps)
     if position > after:
         if db.connection().vendor != "sqlite":  # one writer at a time: nothing in flight
             known |= {g for g in matching.gaps_below(position) if g > after}
