@@ -27,10 +27,9 @@ from typing import Any
 
 from django.db.models import Max
 
-from kumiflow_django.definition import matching
-from kumiflow_django.definition.context import Cancellation, ChildRequest
+from kumiflow_django.definition.context import Cancellation, ChildRequest, TriggerEvent
 from kumiflow_django.definition.registry import registry
-from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine.run_start import ParentLink, RunStart
 from kumiflow_django.flow import gates
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
@@ -58,9 +57,8 @@ class ChildStartRefused(Exception):  # noqa: N818 - the condition, as the engine
     """A child run cannot be started (unknown workflow, a tree too deep, a key taken)."""
 
 
-#: Runs the first segment of a child run in the parent's transaction: the child's
-#: id, tenant, workflow, ``run-started`` payload and input; returns its row.
-Starter = Callable[[uuid.UUID, str, Workflow, dict[str, Any], dict[str, Any]], WorkflowRun | None]
+#: Starts a run in the parent's transaction (the runner's ``start``).
+Starter = Callable[[RunStart], WorkflowRun | None]
 
 #: Parents whose children run their first segment right now (inline): such a
 #: child that ends at once reports to the segment, not to the parent's stream.
@@ -73,19 +71,18 @@ def started(
     requests: list[ChildRequest],
     parent: WorkflowRun,
     *,
-    now: datetime,
-    start: Starter | None = None,
-) -> tuple[list[Change[WorkflowRun]], dict[str, dict[str, Any]]]:
-    """The child runs a segment's ``child`` steps start: the ``run-started``
-    changes of those that start deferred, and the outcomes of children that
+    start: Starter,
+) -> dict[str, dict[str, Any]]:
+    """Start the child runs a segment's ``child`` steps ask for, each one
+    :class:`~kumiflow_django.engine.run_start.RunStart` like any other run
+    (flow control, priority, its trace origin and the depth check included),
+    in the parent's transaction; returns the outcomes of the children that
     ended already (a key found one that had; an inline child that ran to its
-    end in its first segment). A child whose workflow starts inline runs its
-    first segment here, with ``start``."""
-    changes: list[Change[WorkflowRun]] = []
+    end in its first segment), for the parent's state."""
     settled: dict[str, dict[str, Any]] = {}
     since = Event.objects.aggregate(m=Max("position"))["m"] or 0
-    gaps: list[int] | None = None
     depth = (parent.depth or 0) + 1
+    due: datetime | None = None
     for request in requests:
         workflow = None
         if registry.is_registered(request.workflow):
@@ -119,49 +116,39 @@ def started(
                         )
                     settled[str(request.id)] = outcome(existing)
                 continue
-        if workflow.awaited and gaps is None:
-            gaps = matching.gaps_below(since)
-        payload: dict[str, Any] = {
-            "workflow": workflow.name,
-            "version": workflow.version,
-            "fingerprint": workflow.fingerprint,
-            "mode": "deferred",
-            "trigger": {"type": "child"},
-            "since": since,
-            "input": request.payload,
-            "parent": {
-                "id": str(parent.id),
-                "root": str(parent.root_id or parent.id),
-                "step": request.step,
-                "wait": request.wait,
-                "cancel_with_parent": request.cancel_with_parent,
-                "depth": depth,
-            },
-        }
-        if request.idempotency_key is not None:
-            payload["idempotency_key"] = request.idempotency_key
-        if gaps:
-            payload["since_gaps"] = gaps
-        if start is not None and workflow.start_mode == "inline":
-            payload["mode"] = "inline"
-            token = _inline_parents.set(_inline_parents.get() | {parent.id})
-            try:
-                child = start(request.id, parent.tenant_id, workflow, payload, request.payload)
-            finally:
-                _inline_parents.reset(token)
-            if child is not None and child.status in FINISHED and request.wait:
-                settled[str(request.id)] = outcome(child)
+        link = ParentLink(
+            id=parent.id,
+            root=parent.root_id or parent.id,
+            step=request.step,
+            wait=request.wait,
+            cancel_with_parent=request.cancel_with_parent,
+            depth=depth,
+        )
+        child_start = RunStart(
+            workflow,
+            TriggerEvent(type="child", payload=request.payload, tenant_id=parent.tenant_id),
+            parent.tenant_id,
+            since,
+            key=request.idempotency_key,
+            input=request.payload,
+            parent=link,
+            run_id=request.id,
+        )
+        token = _inline_parents.set(_inline_parents.get() | {parent.id})
+        try:
+            child = start(child_start)
+        finally:
+            _inline_parents.reset(token)
+        if child is None:
             continue
-        change = Change(RUNS, str(request.id), parent.tenant_id, None, now=now)
-        change.add(ev.RUN_STARTED, payload)
-        changes.append(change)
-    return changes, settled
-
-
-def announce(changes: list[Change[WorkflowRun]]) -> None:
-    """After commit, the resume loop starts the children (one wake-up for all)."""
-    if changes:
-        work_committed(WorkKind.RESUME, changes[0].saved.wake_at)
+        if child.status in FINISHED:
+            if request.wait:
+                settled[str(request.id)] = outcome(child)
+        elif child.wake_at is not None and (due is None or child.wake_at < due):
+            due = child.wake_at
+    if due is not None:  # after commit, the resume loop runs them (one wake-up for all)
+        work_committed(WorkKind.RESUME, due)
+    return settled
 
 
 def outcome(run: WorkflowRun) -> dict[str, Any]:

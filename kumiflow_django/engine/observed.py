@@ -33,7 +33,7 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 
 if TYPE_CHECKING:
-    from kumiflow_django.engine.runner import Opening
+    from kumiflow_django.engine.opening import Opening
 
 _SUSPENDED = {RunStatus.WAITING, RunStatus.WAITING_EVENT, RunStatus.RETRY_SCHEDULED}
 

@@ -40,7 +40,8 @@ from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import admission, compensation
 from kumiflow_django.engine.failure import Failure
-from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute
+from kumiflow_django.engine.opening import Opening, Prepared, Steps
+from kumiflow_django.engine.runner import execute
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import Pending
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
@@ -444,9 +445,9 @@ def mark_matched(run_id: uuid.UUID, event: Event) -> None:
 
 
 def writers_serialized() -> bool:
-    """SQLite runs one write transaction at a time (IMMEDIATE): a suspension and
-    an append cannot interleave there, so the after-commit checks are not needed."""
-    return db.connection().vendor == "sqlite"
+    """One write transaction at a time (SQLite): a suspension and an append
+    cannot interleave there, so the after-commit checks are not needed."""
+    return db.one_writer_at_a_time()
 
 
 def _recheck_event(event: Event) -> None:

@@ -21,20 +21,20 @@ folds the events into the row and writes everything in one transaction
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from kumiflow_django.definition.backoff import BackoffPolicy
-from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
+from kumiflow_django.definition.context import WakeReason
 from kumiflow_django.definition.durations import isoformat
-from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import compensation, observed
 from kumiflow_django.engine.failure import Failure
+from kumiflow_django.engine.opening import Opening, Prepared, keyed_run
+from kumiflow_django.engine.run_start import RunStart
 from kumiflow_django.engine.segment import Segment, advance
-from kumiflow_django.flow.admission import Pending, admitted_until_written
+from kumiflow_django.flow.admission import admitted_until_written
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
@@ -52,54 +52,6 @@ MAX_REFUSALS = 5
 REFUSAL_BACKOFF = BackoffPolicy(attempts=MAX_REFUSALS, base=2.0, max_delay=300.0)
 #: The run table's unique key of keyed runs.
 IDEMPOTENCY_CONSTRAINT = "kumiflow_run_idempotency_uq"
-
-
-@dataclass
-class Steps:
-    """What a segment runs: the steps of ``workflow`` from ``cursor``."""
-
-    workflow: Workflow
-    trigger: Trigger
-    cursor: list[Any] | None
-    state: dict[str, Any]
-    wake: Wake
-
-
-@dataclass
-class Opening:
-    """How a segment begins.
-
-    ``row`` is the locked run row (None for a new run); ``first`` the events
-    that open the segment (``run-started`` or ``step.resumed``); ``steps``
-    what it runs (None: nothing, for a deferred start); ``failure`` a reason
-    known before anything runs.
-    """
-
-    run_id: uuid.UUID
-    tenant: str
-    row: WorkflowRun | None
-    first: list[tuple[str, dict[str, Any]]]
-    steps: Steps | None = None
-    failure: Failure | None = None
-    key: str | None = None
-    workflow_name: str = ""
-    #: The trace context the run continues (a new run's origin; telemetry).
-    trace: dict[str, str] | None = None
-    #: A new limited run admitted in this segment (counted as active until written).
-    flow_entry: Pending | None = None
-    version: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.version = 0 if self.row is None else self.row.version
-
-    @property
-    def new(self) -> bool:
-        return self.row is None
-
-
-#: What ``prepare`` gives back: an opening to run, a run to return as it is
-#: (a keyed start that exists already), or None (nothing to do).
-Prepared = Opening | WorkflowRun | None
 
 
 def execute(prepare: Callable[[], Prepared]) -> WorkflowRun | None:
@@ -162,36 +114,18 @@ def _run(opening: Opening) -> WorkflowRun:
             cursor=steps.cursor,
             state=steps.state,
             wake=steps.wake,
-            start_child=start_child,
+            start_child=start,
         )
     return segment.write()
 
 
-def start_child(
-    run_id: uuid.UUID,
-    tenant: str,
-    workflow: Workflow,
-    started: dict[str, Any],
-    payload: dict[str, Any],
-) -> WorkflowRun | None:
-    """Start a child run and run its first segment here, in the parent's
-    transaction (a savepoint of its own, like any start)."""
-
-    def prepare() -> Prepared:
-        trigger = TriggerEvent(type="child", payload=payload, tenant_id=tenant)
-        return Opening(
-            run_id=run_id,
-            tenant=tenant,
-            row=None,
-            first=[(ev.RUN_STARTED, started)],
-            steps=Steps(
-                workflow, trigger, cursor=None, state=new_state(), wake=Wake(WakeReason.START)
-            ),
-            key=started.get("idempotency_key"),
-            workflow_name=workflow.name,
-        )
-
-    return execute(prepare)
+def start(run_start: RunStart) -> WorkflowRun | None:
+    """Start a run (see :mod:`kumiflow_django.engine.run_start`): every start,
+    a trigger's, a call's, cron's or a child step's, goes through here. In a
+    savepoint of the caller's transaction; returns the run as its start left
+    it (or the keyed run that existed already)."""
+    remember(run_start.workflow)  # the definition the run starts on, for the console
+    return execute(run_start.prepare)
 
 
 def _record(
@@ -284,9 +218,3 @@ def refusals(opening: Opening) -> int:
         return 0
     attempt = last[1].get("attempt") if isinstance(last[1], dict) else None
     return attempt if isinstance(attempt, int) and attempt > 0 else 0
-
-
-def keyed_run(tenant: str, workflow: str, key: str) -> WorkflowRun | None:
-    return WorkflowRun.objects.filter(
-        tenant_id=tenant, workflow=workflow, idempotency_key=key
-    ).first()

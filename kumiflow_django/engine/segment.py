@@ -10,7 +10,6 @@ runner's (:mod:`kumiflow_django.engine.runner`).
 
 from __future__ import annotations
 
-import contextvars
 import json
 import uuid
 from datetime import datetime
@@ -33,6 +32,7 @@ from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import admission, children, compensation
 from kumiflow_django.engine.failure import Failure, capped_steps, capped_traceback
+from kumiflow_django.engine.opening import segment_depth as _depth
 from kumiflow_django.flow.admission import Pending
 from kumiflow_django.outbox.requests import opened
 from kumiflow_django.projections.dispatches import DispatchStatus
@@ -63,14 +63,6 @@ from kumiflow_django.store.wakeups import WorkKind, work_committed
 
 logger = get_logger("kumiflow_django.engine")
 
-#: How deeply segments are nested in this thread (a step that appends an
-#: event may start or wake another run inside the same transaction).
-_depth: contextvars.ContextVar[int] = contextvars.ContextVar("kumiflow_depth", default=0)
-
-
-def current_depth() -> int:
-    return _depth.get()
-
 
 class Segment:
     """The events of one run's segment and the rows they become."""
@@ -82,7 +74,6 @@ class Segment:
             run.lease_owner, run.lease_until = "", None
         self.dispatches: list[Change[Any]] = []
         self.tasks: list[Change[StepTask]] = []
-        self.children: list[Change[WorkflowRun]] = []
         self.cancellations: list[Cancellation] = []
         self.had_waits = run is not None and run.branch_waits > 0
         self.was_finished = run is not None and run.status in FINISHED
@@ -96,7 +87,7 @@ class Segment:
     def row(self) -> WorkflowRun:
         return self.run.saved
 
-    def add_effects(self, ctx: Context, start_child: children.Starter | None = None) -> None:
+    def add_effects(self, ctx: Context, start_child: children.Starter) -> None:
         """Open the streams of what the steps asked for: outbox requests, tasks,
         child runs; keep what cancelled branches left for after the write."""
         if not ctx.effects:
@@ -111,10 +102,9 @@ class Segment:
         kids = [e for e in ctx.effects if isinstance(e, ChildRequest)]
         if kids:
             try:
-                changes, settled = children.started(kids, self.row, now=now, start=start_child)
+                settled = children.started(kids, self.row, start=start_child)
             except children.ChildStartRefused as exc:
                 raise Failure(ev.CHILD_FAILED_REASON, str(exc), None, _trail(ctx)) from exc
-            self.children += changes
             if settled:  # keyed children that had ended already: their outcomes
                 state_part(ctx.state, "settled").update(settled)
         self.cancellations += [e for e in ctx.effects if isinstance(e, Cancellation)]
@@ -122,7 +112,7 @@ class Segment:
     def write(self) -> WorkflowRun:
         """Write the segment (events, run row, outbox, task and child rows) and
         announce its events; after commit, the loops learn of the new work."""
-        write([self.run, *self.dispatches, *self.tasks, *self.children])
+        write([self.run, *self.dispatches, *self.tasks])
         row = self.row
         last = self.run.events[-1] if self.run.events else None
         if last is not None and (self.had_waits or row.branch_waits):
@@ -152,7 +142,6 @@ class Segment:
                 # A backend's task is handed to it after commit; the pool's wakes the loop.
                 item = task.id if task.backend else None
                 work_committed(WorkKind.TASK, run_id=task.run_id, item=item)
-        children.announce(self.children)
         return row
 
 
@@ -174,7 +163,7 @@ def advance(
     cursor: list[Any] | None,
     state: dict[str, Any],
     wake: Wake,
-    start_child: children.Starter | None = None,
+    start_child: children.Starter,
 ) -> None:
     """Run the steps from ``cursor`` and add the closing event to the segment.
 

@@ -7,27 +7,23 @@ failed; the caller's own writes (the domain event) still commit.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from django.db.models import Max
 
-from kumiflow_django.conf import settings
-from kumiflow_django.definition import matching
-from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
+from kumiflow_django.definition.context import Trigger, TriggerEvent
 from kumiflow_django.definition.durations import isoformat, parse_duration
 from kumiflow_django.definition.flow import resolve_key
 from kumiflow_django.definition.registry import registry
-from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.triggers import EventTrigger
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import admission
 from kumiflow_django.engine.failure import Failure
-from kumiflow_django.engine.resuming import after_segment, writers_serialized
-from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute, keyed_run
-from kumiflow_django.engine.segment import Segment, current_depth
-from kumiflow_django.flow.admission import DEBOUNCE, Pending, lock_bucket, lock_key
+from kumiflow_django.engine.resuming import after_segment
+from kumiflow_django.engine.run_start import RunStart, trigger_ref
+from kumiflow_django.engine.runner import start
+from kumiflow_django.engine.segment import Segment
+from kumiflow_django.flow.admission import DEBOUNCE, lock_bucket, lock_key
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.store import clock, db, limits, telemetry
 from kumiflow_django.store import names as ev
@@ -237,7 +233,7 @@ def _debounce(
             until = min(until, queued.started_at + parse_duration(trigger.max_wait))
         segment = Segment(queued.id, queued.tenant_id, queued)
         payload: dict[str, Any] = {
-            "trigger": _trigger_ref(event),
+            "trigger": trigger_ref(event),
             "since": event.position,
             "until": isoformat(until),
         }
@@ -268,18 +264,6 @@ def _resolve_key(workflow: Workflow, event: Trigger) -> str | None:
     return check_text(value, "the idempotency key", MAX_KEY_LENGTH)
 
 
-def _trigger_ref(trigger: Trigger) -> dict[str, Any]:
-    ref: dict[str, Any] = {"type": trigger.type}
-    if isinstance(trigger, Event):
-        ref.update(
-            position=trigger.position,
-            event_id=str(trigger.event_id),
-            stream_id=trigger.stream_id,
-            version=trigger.version,
-        )
-    return ref
-
-
 def start_run(
     workflow: Workflow,
     *,
@@ -292,92 +276,26 @@ def start_run(
     priority: int | None = None,
     debounce: dict[str, Any] | None = None,
 ) -> WorkflowRun:
-    """Record a run (and run its first segment when inline); see module doc.
+    """Record a run (and run its first segment when inline): one
+    :class:`~kumiflow_django.engine.run_start.RunStart`, then the loops are
+    told of what it left behind.
 
     Under flow control the run may be recorded as queued (a full key, a used
     up rate, a debounce): then nothing of it runs now.
     """
-
-    def prepare() -> Prepared:
-        if key is not None:
-            existing = keyed_run(tenant, workflow.name, key)
-            if existing is not None:
-                return existing
-        started: dict[str, Any] = {
-            "workflow": workflow.name,
-            "version": workflow.version,
-            "fingerprint": workflow.fingerprint,
-            "mode": workflow.start_mode,
-            "trigger": _trigger_ref(trigger),
-            "since": since,
-        }
-        if key is not None:
-            started["idempotency_key"] = key
-        if input_ is not None:
-            started["input"] = input_
-        run_priority = workflow.priority if priority is None else priority
-        if run_priority:
-            started["priority"] = run_priority
-        if workflow.awaited and not writers_serialized():
-            gaps = matching.gaps_below(since)
-            if gaps:
-                started["since_gaps"] = gaps
-        reason = failure
-        if reason is None and current_depth() >= settings.MAX_START_DEPTH:
-            reason = Failure(
-                ev.START_DEPTH_EXCEEDED,
-                f"workflows started workflows {current_depth()} levels deep in one transaction "
-                f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
-            )
-        held = False
-        report: dict[str, bool] = {}
-        flow: dict[str, Any] | None = None
-        if reason is None:
-            try:
-                flow = admission.resolve(workflow, trigger)
-            except Failure as unresolved:
-                reason, flow = unresolved, None
-            if debounce is not None:
-                flow = {**(flow or {}), **debounce}
-            elif flow is not None:
-                hold = admission.admit_new(workflow, flow, report)
-                if hold is not None:
-                    flow["held"] = admission.held_payload(hold)
-            if flow is not None:
-                started["flow"] = flow
-                held = "held" in flow
-        steps = None
-        if workflow.start_mode == "inline" and not held:
-            steps = Steps(
-                workflow, trigger, cursor=None, state=new_state(), wake=Wake(WakeReason.START)
-            )
-        return Opening(
-            # Random, also for keyed runs: an id derived from the key would be
-            # a stream id anyone could take first. The run table's unique key
-            # (tenant, workflow, idempotency key) makes a second start a no-op.
-            run_id=uuid.uuid4(),
-            tenant=tenant,
-            row=None,
-            first=[(ev.RUN_STARTED, started)],
-            steps=steps,
-            failure=reason,
+    run = start(
+        RunStart(
+            workflow,
+            trigger,
+            tenant,
+            since,
             key=key,
-            workflow_name=workflow.name,
-            # counted as active until its row is written; ending in this
-            # segment with nothing parked behind its key meanwhile wakes nobody
-            flow_entry=(
-                Pending(flow["scope"], flow["key"], quiet=report.get("quiet", False))
-                if flow is not None and flow.get("key") and not held
-                else None
-            ),
-            # telemetry: the run's origin, stored on run-started
-            trace=(telemetry.carried(trigger.metadata) or telemetry.carrier())
-            if telemetry.tracing()
-            else None,
+            input=input_,
+            priority=priority,
+            failure=failure,
+            debounce=debounce,
         )
-
-    remember(workflow)  # the definition the run starts on, for the console
-    run = execute(prepare)
+    )
     assert run is not None  # a start always leaves a run (or finds the keyed one)
     after_segment(run)
     return run

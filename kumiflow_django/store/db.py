@@ -61,6 +61,13 @@ def in_transaction() -> bool:
     return bool(connection().in_atomic_block)
 
 
+def one_writer_at_a_time() -> bool:
+    """Whether the database lets one write transaction in at a time (SQLite's
+    IMMEDIATE transactions): then no two writers interleave, and a log
+    position below a committed one is never still in flight."""
+    return connection().vendor == "sqlite"
+
+
 def for_update[M: Model](qs: QuerySet[M, M], *, skip_locked: bool = False) -> QuerySet[M, M]:
     """``qs`` locking its rows where the database can (skipping locked ones if asked)."""
     features = connections[qs.db].features

@@ -1,0 +1,188 @@
+"""One start of a run, whoever starts it.
+
+A run starts from a saved event (its trigger), by a call
+(``start_workflow``, the HTTP API, an operator's restart), by cron, or as a
+child of a run's ``child`` step. Each of them is a :class:`RunStart`, and
+:meth:`RunStart.prepare` is the one place that decides what the start does
+and writes down how it began (the ``run-started`` payload):
+
+- a keyed start whose run exists already returns that run and runs nothing;
+- a start nested too deeply in one transaction fails
+  (``KUMIFLOW_MAX_START_DEPTH``);
+- flow control resolves the run's keys and may hold it (it is recorded
+  ``queued``, and nothing of it runs now);
+- the run keeps the log's positions still in flight below its start (its
+  gaps), where writers can interleave;
+- the trace context of the code that started it becomes the run's origin;
+- an inline workflow runs its first segment now, a deferred one is only
+  recorded.
+
+The runner (:func:`kumiflow_django.engine.runner.start`) executes it in a
+savepoint of the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kumiflow_django.conf import settings
+from kumiflow_django.definition import matching
+from kumiflow_django.definition.context import Trigger, Wake, WakeReason, new_state
+from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine import admission
+from kumiflow_django.engine.failure import Failure
+from kumiflow_django.engine.opening import Opening, Prepared, Steps, current_depth, keyed_run
+from kumiflow_django.flow.admission import Pending
+from kumiflow_django.store import db, telemetry
+from kumiflow_django.store import names as ev
+from kumiflow_django.store.models import Event
+
+
+@dataclass(frozen=True)
+class ParentLink:
+    """The run (and the step of it) that started a child run."""
+
+    id: uuid.UUID
+    root: uuid.UUID
+    step: str
+    wait: bool
+    cancel_with_parent: bool
+    depth: int
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "root": str(self.root),
+            "step": self.step,
+            "wait": self.wait,
+            "cancel_with_parent": self.cancel_with_parent,
+            "depth": self.depth,
+        }
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What one start of a run knows before anything of it runs.
+
+    ``since`` is the log position the run's awaited events are looked for
+    after; ``input`` the payload of a start that no stored event triggered;
+    ``failure`` a reason known already (a trigger that raised: the run is
+    recorded as failed); ``debounce`` the flow entry of a debounced start.
+    """
+
+    workflow: Workflow
+    trigger: Trigger
+    tenant: str
+    since: int
+    key: str | None = None
+    input: dict[str, Any] | None = None
+    priority: int | None = None
+    failure: Failure | None = None
+    debounce: dict[str, Any] | None = None
+    parent: ParentLink | None = None
+    # Random, also for keyed runs: an id derived from the key would be a
+    # stream id anyone could take first. The run table's unique key (tenant,
+    # workflow, idempotency key) makes a second start a no-op.
+    run_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    def prepare(self) -> Prepared:
+        """The start's opening (inside the runner's transaction), or the run
+        of its key that exists already."""
+        workflow = self.workflow
+        if self.key is not None:
+            existing = keyed_run(self.tenant, workflow.name, self.key)
+            if existing is not None:
+                return existing
+        started = self._started()
+        reason = self.failure
+        if reason is None and current_depth() >= settings.MAX_START_DEPTH:
+            reason = Failure(
+                ev.START_DEPTH_EXCEEDED,
+                f"workflows started workflows {current_depth()} levels deep in one transaction "
+                f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
+            )
+        held = False
+        report: dict[str, bool] = {}
+        flow: dict[str, Any] | None = None
+        if reason is None:
+            try:
+                flow = admission.resolve(workflow, self.trigger)
+            except Failure as unresolved:
+                reason, flow = unresolved, None
+            if self.debounce is not None:
+                flow = {**(flow or {}), **self.debounce}
+            elif flow is not None:
+                hold = admission.admit_new(workflow, flow, report)
+                if hold is not None:
+                    flow["held"] = admission.held_payload(hold)
+            if flow is not None:
+                started["flow"] = flow
+                held = "held" in flow
+        steps = None
+        if workflow.start_mode == "inline" and not held:
+            steps = Steps(
+                workflow, self.trigger, cursor=None, state=new_state(), wake=Wake(WakeReason.START)
+            )
+        return Opening(
+            run_id=self.run_id,
+            tenant=self.tenant,
+            row=None,
+            first=[(ev.RUN_STARTED, started)],
+            steps=steps,
+            failure=reason,
+            key=self.key,
+            workflow_name=workflow.name,
+            # counted as active until its row is written; ending in this
+            # segment with nothing parked behind its key meanwhile wakes nobody
+            flow_entry=(
+                Pending(flow["scope"], flow["key"], quiet=report.get("quiet", False))
+                if flow is not None and flow.get("key") and not held
+                else None
+            ),
+            # telemetry: the run's origin, stored on run-started
+            trace=(telemetry.carried(self.trigger.metadata) or telemetry.carrier())
+            if telemetry.tracing()
+            else None,
+        )
+
+    def _started(self) -> dict[str, Any]:
+        """The ``run-started`` payload, before flow control adds its keys."""
+        workflow = self.workflow
+        started: dict[str, Any] = {
+            "workflow": workflow.name,
+            "version": workflow.version,
+            "fingerprint": workflow.fingerprint,
+            "mode": workflow.start_mode,
+            "trigger": trigger_ref(self.trigger),
+            "since": self.since,
+        }
+        if self.key is not None:
+            started["idempotency_key"] = self.key
+        if self.input is not None:
+            started["input"] = self.input
+        if self.parent is not None:
+            started["parent"] = self.parent.payload()
+        priority = workflow.priority if self.priority is None else self.priority
+        if priority:
+            started["priority"] = priority
+        if workflow.awaited and not db.one_writer_at_a_time():
+            gaps = matching.gaps_below(self.since)
+            if gaps:
+                started["since_gaps"] = gaps
+        return started
+
+
+def trigger_ref(trigger: Trigger) -> dict[str, Any]:
+    """What ``run-started`` keeps of the trigger: its type, and for a stored
+    event where it is in the log."""
+    ref: dict[str, Any] = {"type": trigger.type}
+    if isinstance(trigger, Event):
+        ref.update(
+            position=trigger.position,
+            event_id=str(trigger.event_id),
+            stream_id=trigger.stream_id,
+            version=trigger.version,
+        )
+    return ref
