@@ -503,6 +503,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         )
         if run.lease_owner:
             text += f"; leased by {run.lease_owner} until {run.lease_until:%Y-%m-%d %H:%M:%S}"
+            if leases.stalled(run.lease_owner, run.lease_until, clock.now()):
+                text += " (ran out: the next worker takes it over)"
         return text
 
     @admin.display(description="result")
