@@ -48,9 +48,7 @@ def returns(value: str) -> str:
     return value
 
 
-def test_a_result_recorded_after_the_timeout_with_no_sweep_is_ignored_and_retried(
-    registry, clock
-):
+def test_a_result_recorded_after_the_timeout_with_no_sweep_is_ignored_and_retried(registry, clock):
     _probe("probe", returns, timeout=1, retry=TWO_ATTEMPTS)
     run = start_workflow("probe", payload={"args": ["on time"]})
     claimed = attempts.claim(task_of(run).id, worker="test")
@@ -103,9 +101,7 @@ def test_a_result_at_the_last_instant_of_the_lease_is_accepted(registry, clock):
     assert recorded.result == "in time"
 
 
-def test_a_result_recorded_after_the_heartbeat_timeout_with_no_sweep_is_ignored(
-    registry, clock
-):
+def test_a_result_recorded_after_the_heartbeat_timeout_with_no_sweep_is_ignored(registry, clock):
     _probe("probe", returns, timeout=60, heartbeat_timeout=2, retry=TWO_ATTEMPTS)
     run = start_workflow("probe", payload={"args": ["on time"]})
     claimed = attempts.claim(task_of(run).id, worker="test")
@@ -180,9 +176,7 @@ def hangs_first(key: str) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run_until_idle_gives_up_an_attempt_whose_lease_runs_out_while_it_waits(
-    registry, clock
-):
+def test_run_until_idle_gives_up_an_attempt_whose_lease_runs_out_while_it_waits(registry, clock):
     """The attempt runs on a thread of the pool (no test transaction): while
     ``run_until_idle`` waits for it, the virtual clock passes its timeout."""
     _probe("probe", hangs_first, timeout=120, retry=TWO_ATTEMPTS)
