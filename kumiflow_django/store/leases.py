@@ -10,7 +10,8 @@ Each rule is written here twice, side by side: as a query for the rows in
 the database (``*_q``) and as a test of a row in hand. The resume loop's
 claim, the task loop's sweep, the recording of a task's result and the
 admin's "stalled" figures all ask this module; a test checks that both
-forms agree.
+forms agree. (A dispatch has no lease columns: its attempt's lease is its
+next attempt time, and it is due again when that comes.)
 """
 
 from __future__ import annotations

@@ -356,7 +356,13 @@ class TaskLoop(Loop):
         (at the engine's clock: a test's virtual clock too) is given up, as the
         next pass would, and no longer waited for (``run_until_idle``)."""
         while not self.wait(timeout=DRAIN_POLL):
-            self.expire(clock.now())
+            try:
+                self.expire(clock.now())
+            except Exception as exc:
+                if not db.is_transient(exc):
+                    raise
+                # The database is away: wait for the attempts, as the pass would.
+                logger.debug("tasks: looking for leases that ran out failed (%s)", exc)
 
     def close(self) -> None:
         """Let the attempts at hand finish (each is bounded by its timeout), then
