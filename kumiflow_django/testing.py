@@ -74,7 +74,10 @@ def run_until_idle(
     """Run the loops until nothing is due at the clock's current time.
 
     Task steps' functions run too, on this process whatever their Django
-    Tasks backend (each round waits for the attempts it started).
+    Tasks backend (each round waits for the attempts it started). Leases
+    keep time by the engine's clock, as in a worker: an attempt that
+    outlives its timeout or heartbeat timeout on the virtual clock is given
+    up while it is waited for, and its result, if it comes, is ignored.
     """
     # Imported here: the loops import the models, and this module is imported
     # by test modules and conftests before Django's app registry is ready.

@@ -38,7 +38,7 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, leases
 
 #: Counts stop here: an exact count of a million rows is a scan.
 CAP = 10_000
@@ -330,8 +330,8 @@ def backlog(now: datetime) -> dict[str, Any]:
     [count] = capped_counts([due])
     oldest = due.values_list("wake_at", flat=True).first()
     median = due.values_list("wake_at", flat=True)[min(count, CAP) // 2] if count else None
-    leases = due.values_list("lease_owner", "lease_until")[:STALLED_WINDOW]
-    stalled = sum(1 for owner, until in leases if owner and until is not None and until < now)
+    held = due.values_list("lease_owner", "lease_until")[:STALLED_WINDOW]
+    stalled = sum(1 for owner, until in held if leases.stalled(owner, until, now))
     return {
         "due": _figure(count, runs_url(attention="due")),
         "oldest": _age(oldest, now),

@@ -39,7 +39,7 @@ from kumiflow_django.engine import operations
 from kumiflow_django.engine.operations import WAKEABLE, retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, leases
 from kumiflow_django.store.models import Event
 
 # -- what each operation does, said before it is done -------------------------------
@@ -240,7 +240,7 @@ class AttentionFilter(admin.SimpleListFilter):
         if self.value() == "due":
             return queryset.filter(wake_at__lte=now)
         if self.value() == "stalled":
-            return queryset.filter(wake_at__lte=now, lease_until__lt=now).exclude(lease_owner="")
+            return queryset.filter(leases.stalled_q(now), wake_at__lte=now)
         if self.value() == "recovered":
             return queryset.filter(
                 status__in=[RunStatus.COMPLETED, RunStatus.FAILED],
@@ -503,6 +503,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         )
         if run.lease_owner:
             text += f"; leased by {run.lease_owner} until {run.lease_until:%Y-%m-%d %H:%M:%S}"
+            if leases.stalled(run.lease_owner, run.lease_until, clock.now()):
+                text += " (ran out: the next worker takes it over)"
         return text
 
     @admin.display(description="result")

@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from kumiflow_django.definition.context import TaskRequest
 from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections.stream import Change, Stream, write_one
-from kumiflow_django.store import clock, limits, telemetry
+from kumiflow_django.store import clock, leases, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import EngineManager, Event
 
@@ -48,7 +48,7 @@ class StepTaskQuerySet(models.QuerySet["StepTask", "StepTask"]):
 
     def expired(self, now: datetime) -> StepTaskQuerySet:
         """Running attempts whose lease ran out (a dead worker, a timeout)."""
-        return self.filter(lease_until__lt=now)
+        return self.filter(leases.ran_out_q(now))
 
 
 class StepTask(models.Model):

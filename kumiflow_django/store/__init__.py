@@ -8,7 +8,8 @@
   its locks, what its errors mean;
 - :mod:`.names`: the engine's event types, stream types and reasons;
 - :mod:`.errors`: the exceptions of the public API;
-- :mod:`.clock`: the one clock; :mod:`.wakeups`: telling loops about committed work;
+- :mod:`.clock`: the one clock; :mod:`.leases`: when a lease is free;
+  :mod:`.wakeups`: telling loops about committed work;
 - :mod:`.registry`: the shape every extension point shares.
 
 Imports nothing of kumiflow-django but :mod:`kumiflow_django.conf` and

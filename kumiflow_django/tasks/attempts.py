@@ -15,6 +15,9 @@
 An attempt whose worker died or that outlived its timeout (or its heartbeat
 timeout) is given up by :func:`expire` when its lease runs out, and tried
 again by the policy: at least once, always under the same idempotency key.
+An outcome that comes after the lease ran out, before any sweep, gives the
+attempt up the same way first (so it is late): the lease decides, not
+whether a sweep happened to run.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from kumiflow_django.flow import gates
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import TASKS, StepTask, TaskStatus, append, metadata
 from kumiflow_django.steps.task import import_function
-from kumiflow_django.store import clock, db, telemetry
+from kumiflow_django.store import clock, db, leases, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import InvalidEvent
@@ -264,11 +267,18 @@ def _run(attempt: Attempt) -> Outcome:
 
 
 def record(attempt: Attempt, outcome: Outcome) -> StepTask | None:
-    """Record an attempt's outcome, if it is still the current attempt."""
+    """Record an attempt's outcome, if it is still the current attempt and its
+    lease has not run out (at the engine's clock)."""
     with db.atomic():
         task = for_update(StepTask.objects.filter(pk=attempt.task_id)).first()
         if task is None:
             return None
+        now = clock.now()
+        current = task.status == TaskStatus.RUNNING and task.attempt == attempt.number
+        if current and leases.ran_out(task.lease_until, now):
+            # It outlived its lease and no sweep gave it up yet: given up here,
+            # as the sweep would, so its result comes too late below.
+            task = _give_up(task, now)
         if task.status != TaskStatus.RUNNING or task.attempt != attempt.number:
             logger.info(
                 "task %s: the result of attempt %d came too late (the task is %s at attempt %d)",
@@ -328,21 +338,25 @@ def expire(task_id: uuid.UUID, now: datetime) -> StepTask | None:
             task = for_update(StepTask.objects.filter(pk=task_id), skip_locked=True).first()
             if task is None or task.status != TaskStatus.RUNNING:
                 return None
-            if task.lease_until is None or task.lease_until >= now:
+            if not leases.ran_out(task.lease_until, now):
                 return None
-            started = task.started_at or now
-            if task.heartbeat_timeout is not None and task.lease_until < started + timedelta(
-                seconds=task.timeout
-            ):
-                why = f"no heartbeat for {task.heartbeat_timeout:g} s"
-            else:
-                why = f"timed out after {task.timeout:g} s"
-            if task.worker:
-                why += f" (worker {task.worker})"
-            logger.warning("task %s: attempt %d given up: %s", task.id, task.attempt, why)
-            outcome = Outcome(ok=False, error=why, error_type="TimeoutError")
-            updated = _failed(task, task.attempt, outcome)
-            gates.release_task(updated)
-            return updated
+            return _give_up(task, now)
     except (IntegrityError, StaleRow):
         return None
+
+
+def _give_up(task: StepTask, now: datetime) -> StepTask:
+    """Give up the running attempt of a locked task whose lease ran out at ``now``
+    (the one way, for the sweep and for a result that comes after the lease)."""
+    started, lease = task.started_at or now, task.lease_until or now
+    if task.heartbeat_timeout is not None and lease < started + timedelta(seconds=task.timeout):
+        why = f"no heartbeat for {task.heartbeat_timeout:g} s"
+    else:
+        why = f"timed out after {task.timeout:g} s"
+    if task.worker:
+        why += f" (worker {task.worker})"
+    logger.warning("task %s: attempt %d given up: %s", task.id, task.attempt, why)
+    outcome = Outcome(ok=False, error=why, error_type="TimeoutError")
+    updated = _failed(task, task.attempt, outcome)
+    gates.release_task(updated)
+    return updated

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, leases
 from kumiflow_django.store.errors import KumiflowError
 from kumiflow_django.store.values import to_json
 
@@ -60,17 +60,30 @@ class TaskContext:
             values["heartbeat_details"] = to_json(
                 details, "heartbeat details", max_bytes=MAX_DETAILS_BYTES
             )
-        alive = StepTask.objects.filter(
-            pk=self.task_id, status=TaskStatus.RUNNING, attempt=self.attempt
-        ).update(**values)
+        # A lease that ran out is not extended: the attempt is given up (its
+        # result would be ignored) even if no sweep did it yet.
+        alive = (
+            StepTask.objects.filter(
+                pk=self.task_id, status=TaskStatus.RUNNING, attempt=self.attempt
+            )
+            .exclude(leases.ran_out_q(now))
+            .update(**values)
+        )
         return bool(alive)
 
     @property
     def cancelled(self) -> bool:
         """Whether this attempt should stop: its run was cancelled, or the engine
-        gave it up (a timeout). Reads the task's row: call it between units of work."""
-        row = StepTask.objects.filter(pk=self.task_id).values_list("status", "attempt").first()
-        return row is None or row != (TaskStatus.RUNNING, self.attempt)
+        gave it up or its lease ran out (a timeout). Reads the task's row: call it
+        between units of work."""
+        row = (
+            StepTask.objects.filter(pk=self.task_id)
+            .values_list("status", "attempt", "lease_until")
+            .first()
+        )
+        if row is None or row[:2] != (TaskStatus.RUNNING, self.attempt):
+            return True
+        return leases.ran_out(row[2], clock.now())
 
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(

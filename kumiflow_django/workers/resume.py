@@ -23,14 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db.models import F, Q, Window
+from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.projections.runs import WorkflowRun
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, leases
 from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.wakeups import WorkKind
@@ -87,7 +87,7 @@ def due_runs(now: datetime, limit: int, *, free: bool = False) -> list[Due]:
     """
     due = WorkflowRun.objects.due(now)
     if free:
-        due = due.filter(Q(lease_owner="") | Q(lease_until__lt=now))
+        due = due.filter(leases.free_q(now))
     # In the index's order only (no sort of the due range); ties are broken below.
     probe = list(due.order_by("wake_at").values_list(*_COLUMNS)[: limit + 1])
     if len(probe) <= limit:
@@ -158,7 +158,7 @@ class ResumeLoop(Loop):
         instead of contending for the same ones."""
         # Not "or leased by this worker": the threads of one worker share its
         # id, and one would take the runs another has just leased.
-        free = Q(lease_owner="") | Q(lease_until__lt=now)
+        free = leases.free_q(now)
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
         order = {due.id: i for i, due in enumerate(chunk)}
         with db.atomic():

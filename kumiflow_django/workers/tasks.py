@@ -56,6 +56,8 @@ ABANDON_GRACE = 5.0
 #: When due work could not be claimed (locked by another worker, a database
 #: error), the shortest pause before trying again: one item never spins a loop.
 RETRY_PAUSE = 0.5
+#: Seconds between two looks for leases that ran out while draining.
+DRAIN_POLL = 0.1
 
 
 @dataclass
@@ -350,7 +352,17 @@ class TaskLoop(Loop):
         return True
 
     def drain(self) -> None:
-        self.wait()
+        """Wait for the attempts at hand to end; one whose lease runs out meanwhile
+        (at the engine's clock: a test's virtual clock too) is given up, as the
+        next pass would, and no longer waited for (``run_until_idle``)."""
+        while not self.wait(timeout=DRAIN_POLL):
+            try:
+                self.expire(clock.now())
+            except Exception as exc:
+                if not db.is_transient(exc):
+                    raise
+                # The database is away: wait for the attempts, as the pass would.
+                logger.debug("tasks: looking for leases that ran out failed (%s)", exc)
 
     def close(self) -> None:
         """Let the attempts at hand finish (each is bounded by its timeout), then

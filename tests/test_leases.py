@@ -1,0 +1,79 @@
+"""The one rule of when a lease is free (store/leases.py): the resume loop's
+claim, the admin's "stalled" list and figure, and the run page agree on a free,
+a leased, an expired run and one at the last instant of its lease."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.urls import reverse
+
+from kumiflow_django import define_workflow, start_workflow
+from kumiflow_django import steps as s
+from kumiflow_django.admin import overview
+from kumiflow_django.models import WorkflowRun
+from kumiflow_django.store import leases
+from kumiflow_django.workers.resume import ResumeLoop, due_runs
+
+pytestmark = pytest.mark.django_db
+
+#: Each run's lease, in seconds from now (None: no lease).
+LEASES = {"free": None, "leased": 60.0, "expired": -1.0, "at-expiry": 0.0}
+
+
+@pytest.fixture
+def naps(registry, clock):
+    """Four due runs, one per kind of lease in ``LEASES``; their names by id."""
+    define_workflow("nap", steps=[s.wait("PT1M"), s.return_("rested")])
+    runs = {name: start_workflow("nap") for name in LEASES}
+    clock.advance(minutes=2)
+    now = clock.now()
+    for name, offset in LEASES.items():
+        if offset is not None:
+            WorkflowRun.objects.filter(pk=runs[name].pk).update(
+                lease_owner=f"worker-{name}", lease_until=now + timedelta(seconds=offset)
+            )
+    return {run.pk: name for name, run in runs.items()}
+
+
+def test_the_claim_and_the_admin_agree_on_which_leases_are_free(admin_client, naps, clock):
+    now = clock.now()
+    assert {naps[d.id] for d in due_runs(now, 10)} == set(LEASES)
+    claimable = {naps[d.id] for d in due_runs(now, 10, free=True)}
+    assert claimable == {"free", "expired"}
+
+    url = reverse("admin:kumiflow_workflowrun_changelist") + "?attention=stalled"
+    listed = {naps[run.pk] for run in admin_client.get(url).context["cl"].result_list}
+    assert listed == {"expired"}  # leased by a worker that stopped: claimable, not free
+    assert overview.backlog(now)["stalled"].value == 1
+    for pk, name in naps.items():
+        page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[pk]))
+        assert (b"ran out: the next worker takes it over" in page.content) == (name == "expired")
+
+    # The lease itself: the same rows are taken, the stalled one as a recovery.
+    claimed = ResumeLoop(worker_id="worker-new", threads=1)._lease(due_runs(now, 10), now)
+    assert {naps[c.id] for c in claimed} == claimable
+    assert [naps[c.id] for c in claimed if c.recovered] == ["expired"]
+
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+CASES = [
+    (owner, until)
+    for owner in ("", "worker")
+    for until in (None, NOW - timedelta(microseconds=1), NOW, NOW + timedelta(seconds=1))
+    if bool(owner) == (until is not None)  # a lease has both or neither
+]
+
+
+@pytest.mark.parametrize(("owner", "until"), CASES)
+def test_the_query_and_the_python_forms_of_the_rule_agree(registry, owner, until):
+    define_workflow("nap", steps=[s.wait("PT1M"), s.return_("rested")])
+    run = start_workflow("nap")
+    WorkflowRun.objects.filter(pk=run.pk).update(lease_owner=owner, lease_until=until)
+    row = WorkflowRun.objects.filter(pk=run.pk)
+    assert row.filter(leases.free_q(NOW)).exists() == leases.free(owner, until, NOW)
+    assert row.filter(leases.stalled_q(NOW)).exists() == leases.stalled(owner, until, NOW)
+    assert row.filter(leases.ran_out_q(NOW)).exists() == leases.ran_out(until, NOW)
+    # Held up to and including its last instant; free after it, or with no lease.
+    assert leases.free(owner, until, NOW) == (until is None or until < NOW)
