@@ -56,7 +56,7 @@ def reload(run: WorkflowRun) -> WorkflowRun:
 @pytest.fixture
 def runs(registry, clock) -> dict[str, WorkflowRun]:
     """A run in each state an operator meets."""
-    undo = [s.append_event("undo.ran", stream_id="undo-log")]
+    undo = [s.append_event("undo-log", "undo.ran")]
     define_workflow("done", steps=[s.return_("ok")])
     define_workflow("broken", steps=[s.compute("x", lambda ctx: 1 / 0)])
     define_workflow(
