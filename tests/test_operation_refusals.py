@@ -19,16 +19,28 @@ from kumiflow_django import (
     append_event,
     cancel_run,
     define_workflow,
+    on_cron,
     on_event,
     start_workflow,
 )
 from kumiflow_django import steps as s
 from kumiflow_django.admin.dispatches import OPERATIONS as DISPATCH_OPERATIONS
 from kumiflow_django.admin.runs import RUN_OPERATIONS
+from kumiflow_django.admin.schedules import OPERATIONS as SCHEDULE_OPERATIONS
+from kumiflow_django.cron.schedules import set_enabled
 from kumiflow_django.http.tokens import API_PERMISSIONS, create_token
-from kumiflow_django.models import Compensation, Dispatch, DispatchStatus, RunStatus, WorkflowRun
+from kumiflow_django.models import (
+    Compensation,
+    CronSchedule,
+    Dispatch,
+    DispatchStatus,
+    Event,
+    RunStatus,
+    WorkflowRun,
+)
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.testing import run_until_idle
+from kumiflow_django.workers.cron import CronLoop
 
 pytestmark = pytest.mark.django_db
 
@@ -191,3 +203,31 @@ def test_the_admin_offers_on_a_dispatch_exactly_what_the_outbox_accepts(
         DispatchStatus.DEAD,
         DispatchStatus.CANCELLED,
     }
+
+
+def test_the_admin_offers_on_a_schedule_exactly_what_changes_it(admin_client, registry, clock):
+    """Fire applies to a registered workflow; enable and disable to a schedule
+    that is not so already (set_enabled leaves such a one as it is)."""
+    for name in ("on", "off", "gone"):
+        define_workflow(name, trigger=on_cron("0 3 * * *"), steps=[s.return_(1)])
+    CronLoop().run_once()
+    set_enabled("off", False)
+    registry.unregister("gone")
+    offered_in = {}
+    for schedule in CronSchedule.objects.all():
+
+        def changes(op: Any, schedule: CronSchedule = schedule) -> bool:
+            def perform(*args: Any) -> None:
+                op.perform(*args)
+                if Event.objects.filter(stream_id=schedule.stream_id).count() == schedule.version:
+                    raise KumiflowError("nothing changed")
+
+            return accepted(perform, schedule)
+
+        engine = {name for name, op in SCHEDULE_OPERATIONS.items() if changes(op)}
+        page = admin_client.get(
+            reverse("admin:kumiflow_cronschedule_change", args=[schedule.pk])
+        ).content.decode()
+        assert set(re.findall(r'/operate/([a-z-]+)/" *>', page)) == engine, schedule.workflow
+        offered_in[schedule.workflow] = engine
+    assert offered_in == {"on": {"fire", "disable"}, "off": {"fire", "enable"}, "gone": {"disable"}}
