@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import overview, run_page
+from kumiflow_django.admin import overview, run_page, send_event
 from kumiflow_django.admin.base import (
     CheckedChangeList,
     FieldFilter,
@@ -495,7 +495,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             for name, op in self.operations.items()
             if op.refuse(run) is None and self.user_can(request, op.permission)
         ]
-        context["can_send_event"] = run.status == RunStatus.WAITING_EVENT and self.user_can(
+        context["can_send_event"] = send_event.refuse(run) is None and self.user_can(
             request, "send_event_workflowrun"
         )
         return super().change_view(

@@ -36,7 +36,7 @@ from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
-from kumiflow_django.store.errors import UnknownWorkflow, WorkflowDefinitionError
+from kumiflow_django.store.errors import UnknownWorkflow, WorkflowDefinitionError, raise_refusal
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 
@@ -353,9 +353,7 @@ def fire_now(workflow: str, *, by: str = "", reason: str = "") -> str:
     """Start a run of a cron workflow now, outside its schedule; return the run id.
     ``by`` and ``reason`` are stored in the ``cron.fired`` event."""
     by, reason = check_operator(by, reason)
-    refusal = refuse_fire_now(workflow)
-    if refusal is not None:
-        raise UnknownWorkflow(refusal)
+    raise_refusal(refuse_fire_now(workflow), UnknownWorkflow)
     now = clock.now().replace(microsecond=0)
     with (
         db.atomic(),

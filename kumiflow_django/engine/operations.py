@@ -40,9 +40,10 @@ from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import (
     InvalidRunState,
-    KumiflowError,
+    Refusal,
     RunNotFound,
     UnknownWorkflow,
+    raise_refusal,
 )
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
@@ -74,25 +75,6 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
     if run is None:
         raise RunNotFound(f"no run {run_id}" + (f" in tenant {tenant!r}" if tenant else ""))
     return run
-
-
-class Refusal(str):
-    """Why an operation does not apply (a ``str``), and the error the operation
-    raises for it (:class:`InvalidRunState` unless said otherwise)."""
-
-    error: type[KumiflowError]
-
-    def __new__(cls, text: str, error: type[KumiflowError] = InvalidRunState) -> Refusal:
-        refusal = super().__new__(cls, text)
-        refusal.error = error
-        return refusal
-
-
-def refused(subject: str, refusal: str | None) -> None:
-    """Raise the refusal of an operation on ``subject`` (``run <id>``), if any."""
-    if refusal is not None:
-        error = refusal.error if isinstance(refusal, Refusal) else InvalidRunState
-        raise error(f"{subject}: {refusal}")
 
 
 def refuse_cancel(run: WorkflowRun) -> str | None:
@@ -162,7 +144,7 @@ def cancel_run(
     by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
-        refused(f"run {run.id}", refuse_cancel(run))
+        raise_refusal(refuse_cancel(run), InvalidRunState, f"run {run.id}")
         text = reason or "cancelled"
         if compensate and not compensation.active(run.cursor) and compensation.pending(run.state):
             segment = Segment(run.id, run.tenant_id, run)
@@ -205,7 +187,7 @@ def wake_run(
     by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
-        refused(f"run {run.id}", refuse_wake(run))
+        raise_refusal(refuse_wake(run), InvalidRunState, f"run {run.id}")
         updated = _append(run, ev.RUN_WOKEN, audited({}, by, reason), by)
         work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
     logger.info("run %s woken by %s (%s)", run.id, by or "code", reason or "no reason given")
@@ -295,13 +277,11 @@ def retry_run(
     by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
-        refused(f"run {run.id}", refuse_retry(run))
+        raise_refusal(refuse_retry(run), InvalidRunState, f"run {run.id}")
         payload: dict[str, Any] = {"restore": retry_point(run)}
         if adopt_current_definition:
-            refused(
-                f"run {run.id}",
-                refuse_retry(run, adopt_current_definition=True, point=payload["restore"]),
-            )
+            refusal = refuse_retry(run, adopt_current_definition=True, point=payload["restore"])
+            raise_refusal(refusal, InvalidRunState, f"run {run.id}")
         task = _retry_task(run, payload["restore"])
         if adopt_current_definition:
             current = registry.get(run.workflow)

@@ -14,7 +14,7 @@ from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
-from kumiflow_django.store.errors import DispatchNotFound, InvalidDispatchState
+from kumiflow_django.store.errors import DispatchNotFound, InvalidDispatchState, raise_refusal
 from kumiflow_django.store.log import erase_stream
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
@@ -45,11 +45,6 @@ def refuse_cancel_dispatch(dispatch: Dispatch) -> str | None:
     return None
 
 
-def _refused(dispatch: Dispatch, refusal: str | None) -> None:
-    if refusal is not None:
-        raise InvalidDispatchState(f"dispatch {dispatch.id}: {refusal}")
-
-
 def redeliver(dispatch_id: uuid.UUID | str, *, by: str = "", reason: str = "") -> Dispatch:
     """Deliver a dead (or cancelled) dispatch again, with a fresh retry budget
     and the same idempotency key. ``by`` and ``reason`` (the operator, and why)
@@ -57,7 +52,7 @@ def redeliver(dispatch_id: uuid.UUID | str, *, by: str = "", reason: str = "") -
     by, reason = check_operator(by, reason)
     with db.atomic():
         dispatch = _locked(dispatch_id)
-        _refused(dispatch, refuse_redeliver(dispatch))
+        raise_refusal(refuse_redeliver(dispatch), InvalidDispatchState, f"dispatch {dispatch.id}")
         updated = append(dispatch, ev.DISPATCH_REDELIVERY, audited({}, by, reason), created_by=by)
         work_committed(WorkKind.DISPATCH)
     return updated
@@ -69,7 +64,8 @@ def cancel_dispatch(dispatch_id: uuid.UUID | str, *, reason: str = "", by: str =
     by, reason = check_operator(by, reason)
     with db.atomic():
         dispatch = _locked(dispatch_id)
-        _refused(dispatch, refuse_cancel_dispatch(dispatch))
+        refusal = refuse_cancel_dispatch(dispatch)
+        raise_refusal(refusal, InvalidDispatchState, f"dispatch {dispatch.id}")
         payload = audited({}, by, reason or "cancelled")
         return append(dispatch, ev.DISPATCH_CANCELLED, payload, created_by=by)
 

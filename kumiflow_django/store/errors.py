@@ -18,6 +18,28 @@ class KumiflowError(Exception):
     """Base class of every error raised on purpose by kumiflow-django."""
 
 
+class Refusal(str):
+    """Why an operation does not apply (as a ``refuse_*`` function says it), with
+    the error the operation raises for it when it is not the usual one."""
+
+    error: type[KumiflowError] | None
+
+    def __new__(cls, text: str, error: type[KumiflowError] | None = None) -> Refusal:
+        refusal = super().__new__(cls, text)
+        refusal.error = error
+        return refusal
+
+
+def raise_refusal(refusal: str | None, error: type[KumiflowError], subject: str = "") -> None:
+    """An operation's refusal, if any, raised: as ``error`` (or the refusal's own),
+    its message after the subject (``run <id>``)."""
+    if refusal is None:
+        return
+    if isinstance(refusal, Refusal) and refusal.error is not None:
+        error = refusal.error
+    raise error(f"{subject}: {refusal}" if subject else str(refusal))
+
+
 class InvalidEvent(KumiflowError, ValueError):
     """An event to append is malformed; nothing was written."""
 
