@@ -100,6 +100,7 @@ _EXPORTS: dict[str, str] = {
     "InvalidRunState": "kumiflow_django.store.errors",
     "DeliveryFailure": "kumiflow_django.store.errors",
     "PermanentFailure": "kumiflow_django.store.errors",
+    "StaleVersion": "kumiflow_django.store.errors",
 }
 
 __all__ = [
@@ -156,6 +157,7 @@ __all__ = [
     "InvalidRunState",
     "DeliveryFailure",
     "PermanentFailure",
+    "StaleVersion",
 ]
 
 
@@ -269,6 +271,7 @@ if TYPE_CHECKING:  # pragma: no cover
         NotInATask,
         PermanentFailure,
         RunNotFound,
+        StaleVersion,
         TaskFailed,
         TenantMismatch,
         UnknownWorkflow,

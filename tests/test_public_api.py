@@ -97,7 +97,9 @@ EXCEPTIONS = sorted(
 
 
 def test_the_public_exceptions_live_in_one_module():
-    assert {"TaskFailed", "ChildFailed", "NotInATask", "DeliveryFailure"} <= set(EXCEPTIONS)
+    assert {"TaskFailed", "ChildFailed", "NotInATask", "DeliveryFailure", "StaleVersion"} <= set(
+        EXCEPTIONS
+    )
     for name in EXCEPTIONS:
         assert PUBLIC[name].__module__ == "kumiflow_django.store.errors", name
     defined = {
@@ -115,6 +117,8 @@ def test_the_public_exceptions_live_in_one_module():
         ("kumiflow_django.steps.child", "ChildFailed"),
         ("kumiflow_django.steps", "TaskFailed"),
         ("kumiflow_django.steps", "ChildFailed"),
+        ("kumiflow_django.steps.model", "StaleVersion"),
+        ("kumiflow_django.steps", "StaleVersion"),
         ("kumiflow_django.tasks.context", "NotInATask"),
         ("kumiflow_django.outbox.errors", "DeliveryFailure"),
         ("kumiflow_django.outbox.errors", "PermanentFailure"),

@@ -17,7 +17,7 @@ from kumiflow_django.steps.child import child
 from kumiflow_django.steps.compute import compute
 from kumiflow_django.steps.for_each import for_each
 from kumiflow_django.steps.mail import mail_send
-from kumiflow_django.steps.model import StaleVersion, model
+from kumiflow_django.steps.model import model
 from kumiflow_django.steps.parallel import parallel
 from kumiflow_django.steps.read import read
 from kumiflow_django.steps.retry import retry
@@ -31,7 +31,6 @@ from kumiflow_django.store.deprecation import moved_names
 __all__ = [
     "Step",
     "StepKind",
-    "StaleVersion",
     "append_event",
     "branch",
     "call",
@@ -54,4 +53,6 @@ __all__ = [
 ]
 
 # moved to kumiflow_django.store.errors in 0.2 (import them from kumiflow_django)
-__getattr__ = moved_names(__name__, dict.fromkeys(("ChildFailed", "TaskFailed"), "kumiflow_django"))
+__getattr__ = moved_names(
+    __name__, dict.fromkeys(("ChildFailed", "StaleVersion", "TaskFailed"), "kumiflow_django")
+)

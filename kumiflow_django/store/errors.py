@@ -2,7 +2,8 @@
 
 Import them from ``kumiflow_django``; each is also named in its ``__all__``.
 They moved here from ``steps.task`` (``TaskFailed``), ``steps.child``
-(``ChildFailed``), ``tasks.context`` (``NotInATask``) and ``outbox.errors``
+(``ChildFailed``), ``steps.model`` (``StaleVersion``), ``tasks.context``
+(``NotInATask``) and ``outbox.errors``
 (``DeliveryFailure``, ``PermanentFailure``) in 0.2; the old paths still
 resolve, with a DeprecationWarning.
 """
@@ -111,6 +112,10 @@ class ChildFailed(KumiflowError):
 
 class NotInATask(KumiflowError):
     """``current_task()`` was called outside a task step's function."""
+
+
+class StaleVersion(Exception):
+    """A model step's row is not at the expected version: someone else changed it."""
 
 
 class DeliveryFailure(Exception):
