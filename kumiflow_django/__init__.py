@@ -68,8 +68,9 @@ _EXPORTS: dict[str, str] = {
     # task steps
     "current_task": "kumiflow_django.tasks.context",
     "TaskContext": "kumiflow_django.tasks.context",
-    "TaskFailed": "kumiflow_django.steps.task",
-    "NotInATask": "kumiflow_django.tasks.context",
+    "TaskFailed": "kumiflow_django.store.errors",
+    "ChildFailed": "kumiflow_django.store.errors",
+    "NotInATask": "kumiflow_django.store.errors",
     # async entry points (and reading a run)
     "astart_workflow": "kumiflow_django.engine.aio",
     "aappend_event": "kumiflow_django.engine.aio",
@@ -97,6 +98,9 @@ _EXPORTS: dict[str, str] = {
     "UnknownWorkflow": "kumiflow_django.store.errors",
     "RunNotFound": "kumiflow_django.store.errors",
     "InvalidRunState": "kumiflow_django.store.errors",
+    "DeliveryFailure": "kumiflow_django.store.errors",
+    "PermanentFailure": "kumiflow_django.store.errors",
+    "StaleVersion": "kumiflow_django.store.errors",
 }
 
 __all__ = [
@@ -125,6 +129,7 @@ __all__ = [
     "current_task",
     "TaskContext",
     "TaskFailed",
+    "ChildFailed",
     "NotInATask",
     "astart_workflow",
     "aappend_event",
@@ -150,6 +155,9 @@ __all__ = [
     "UnknownWorkflow",
     "RunNotFound",
     "InvalidRunState",
+    "DeliveryFailure",
+    "PermanentFailure",
+    "StaleVersion",
 ]
 
 
@@ -189,7 +197,7 @@ MOVED_MODULES: dict[str, str] = {
     "kumiflow_django.rebuild": "kumiflow_django.projections.rebuild",
     "kumiflow_django.mail_delivery": "kumiflow_django.outbox.mail",
     "kumiflow_django.webhook_delivery": "kumiflow_django.outbox.webhook",
-    "kumiflow_django.delivery_errors": "kumiflow_django.outbox.errors",
+    "kumiflow_django.delivery_errors": "kumiflow_django.store.errors",
     "kumiflow_django.loop": "kumiflow_django.workers.loop",
     "kumiflow_django.resume_loop": "kumiflow_django.workers.resume",
     "kumiflow_django.dispatch_loop": "kumiflow_django.workers.dispatch",
@@ -251,15 +259,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiflow_django.projections.user import define_projection
     from kumiflow_django.signals import event_appended
     from kumiflow_django.steps.call import handler
-    from kumiflow_django.steps.task import TaskFailed
     from kumiflow_django.store.errors import (
+        ChildFailed,
+        DeliveryFailure,
         DispatchNotFound,
         ImmutableEvent,
         InvalidDispatchState,
         InvalidEvent,
         InvalidRunState,
         KumiflowError,
+        NotInATask,
+        PermanentFailure,
         RunNotFound,
+        StaleVersion,
+        TaskFailed,
         TenantMismatch,
         UnknownWorkflow,
         VersionConflict,
@@ -274,4 +287,4 @@ if TYPE_CHECKING:  # pragma: no cover
         read_log,
         stream_version,
     )
-    from kumiflow_django.tasks.context import NotInATask, TaskContext, current_task
+    from kumiflow_django.tasks.context import TaskContext, current_task

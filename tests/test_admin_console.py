@@ -286,7 +286,9 @@ def test_an_operation_that_does_not_apply_says_why_and_changes_nothing(admin_cli
     assert "Retry does not apply: the run is waiting, not failed" in page
     assert 'id="kf-confirm"' not in page
     response = admin_client.post(operate_url(run, "retry"), follow=True)
-    assert "Not retried: the run is waiting, not failed." in response.content.decode()
+    assert "Not retried: the run is waiting, not failed: only failed runs are retried." in (
+        response.content.decode()
+    )
     assert Event.objects.filter(stream_id=str(run.pk)).count() == run.version
 
 

@@ -289,7 +289,7 @@ def test_the_run_list_hides_child_runs_unless_asked_or_filtered_by_parent(admin_
 
 def test_compensations_read_as_words_in_the_timeline(admin_client, registry, clock):
     def undo(what):
-        return s.append_event("undo.ran", stream_id="undo-log", payload={"undo": what})
+        return s.append_event("undo-log", "undo.ran", payload={"undo": what})
 
     define_workflow(
         "trip",

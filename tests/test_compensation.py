@@ -27,7 +27,7 @@ def reload(run):
 
 def undo(what):
     """A compensation step that records itself in the log (a database effect)."""
-    return s.append_event("undo.ran", stream_id="undo-log", payload={"undo": what})
+    return s.append_event("undo-log", "undo.ran", payload={"undo": what})
 
 
 def undone():
@@ -144,8 +144,8 @@ def test_a_compensation_sees_the_loop_item_and_the_step_results(registry, clock)
                         lambda ctx: f"r-{ctx.scope['item']}",
                         compensate=[
                             s.append_event(
+                                "undo-log",
                                 "undo.ran",
-                                stream_id="undo-log",
                                 payload=lambda ctx: {"undo": ctx.scope["item"]},
                             )
                         ],

@@ -235,10 +235,10 @@ def every_kind():
                 queue="slow",
                 on_error="result",
             ),
-            s.append_event("order.settled", stream_id=lambda ctx: ctx.event.stream_id),
+            s.append_event(lambda ctx: ctx.event.stream_id, "order.settled"),
             s.append_event(
+                "audit",
                 "order.audited",
-                stream_id="audit",
                 payload={"amount": Decimal("9.90"), "ref": uuid.UUID(int=7)},
                 stream_type="audit",
                 expected_version=lambda ctx: None,

@@ -494,7 +494,7 @@ def test_a_run_started_by_a_limited_runs_own_segment_queues_behind_it(registry, 
     define_workflow(
         "a",
         concurrency=Limit(key="k", max=1, scope="shared"),
-        steps=[s.append_event("b.go", stream_id="x"), s.wait("PT1H")],
+        steps=[s.append_event("x", "b.go"), s.wait("PT1H")],
     )
     define_workflow(
         "b",
@@ -514,7 +514,7 @@ def test_a_run_that_ends_in_the_segment_that_parked_another_wakes_it(registry, c
     define_workflow(
         "a",
         concurrency=Limit(key="k", max=1, scope="shared"),
-        steps=[s.append_event("b.go", stream_id="x"), s.return_(1)],
+        steps=[s.append_event("x", "b.go"), s.return_(1)],
     )
     define_workflow(
         "b",
@@ -623,9 +623,7 @@ def test_a_queued_run_admitted_later_counts_before_its_row_says_so(registry, clo
     its step starts in that segment must still count it as active."""
     limit = Limit(key="k", max=1, scope="shared")
     define_workflow("holder", concurrency=limit, steps=[s.wait("PT1H")])
-    define_workflow(
-        "a", concurrency=limit, steps=[s.append_event("b.go", stream_id="x"), s.wait("PT1H")]
-    )
+    define_workflow("a", concurrency=limit, steps=[s.append_event("x", "b.go"), s.wait("PT1H")])
     define_workflow("b", trigger=on_event("b.go"), concurrency=limit, steps=[s.wait("PT1H")])
     holder = start_workflow("holder")
     a = start_workflow("a")

@@ -99,7 +99,7 @@ def test_a_run_started_by_a_step_of_another_logs_its_own_fields(registry, caplog
     )
     define_workflow(
         "parent",
-        steps=[s.compute("a", lambda ctx: 1), s.append_event("child.requested", stream_id="c1")],
+        steps=[s.compute("a", lambda ctx: 1), s.append_event("c1", "child.requested")],
     )
     caplog.set_level(logging.INFO, logger="kumiflow_django")
     start_workflow("parent")

@@ -424,7 +424,7 @@ def test_each_run_resumes_in_its_own_tenant(registry, clock):
         trigger=on_event("go"),
         steps=[
             s.wait("PT1M"),
-            s.append_event("done", stream_id=lambda ctx: f"done-{ctx.event.stream_id}"),
+            s.append_event(lambda ctx: f"done-{ctx.event.stream_id}", "done"),
         ],
     )
     append_event("a", "go", tenant="acme")

@@ -237,7 +237,7 @@ def test_workflows_started_by_workflows_stop_at_the_depth_limit(registry, settin
     define_workflow(
         "echo",
         trigger=on_event("ping"),
-        steps=[s.append_event("ping", stream_id=lambda ctx: f"{ctx.event.stream_id}x")],
+        steps=[s.append_event(lambda ctx: f"{ctx.event.stream_id}x", "ping")],
     )
     append_event("p", "ping")
     statuses = dict(WorkflowRun.objects.values_list("status", "reason").distinct())

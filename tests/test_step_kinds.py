@@ -181,8 +181,8 @@ def test_append_event_writes_a_domain_event_that_starts_another_workflow(registr
     r = run(
         [
             s.append_event(
+                lambda ctx: "order-9",
                 "order.shipped",
-                stream_id=lambda ctx: "order-9",
                 payload=lambda ctx: {"order": 9},
                 name="shipped",
             ),

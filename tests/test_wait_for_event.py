@@ -137,8 +137,8 @@ def test_repeated_waits_each_consume_their_own_event(registry):
                         name="msg",
                     ),
                     s.append_event(
+                        lambda ctx: "log",
                         "chat.logged",
-                        stream_id=lambda ctx: "log",
                         payload=lambda ctx: {"text": ctx.steps["msg"]["payload"]["text"]},
                     ),
                 ],

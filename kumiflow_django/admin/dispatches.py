@@ -17,8 +17,13 @@ from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, badge, pretty
 from kumiflow_django.admin.confirm import Operation, bulk, operate_view
 from kumiflow_django.admin.display import when_short
 from kumiflow_django.admin.timeline import stream_context
-from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
-from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
+from kumiflow_django.outbox.actions import (
+    cancel_dispatch,
+    redeliver,
+    refuse_cancel_dispatch,
+    refuse_redeliver,
+)
+from kumiflow_django.projections.dispatches import Dispatch
 
 
 class RunFilter(InputFilter):
@@ -50,11 +55,7 @@ OPERATIONS = {
         label="Redeliver",
         permission="redeliver_dispatch",
         done="queued for redelivery",
-        refuse=lambda d: (
-            None
-            if d.status in (DispatchStatus.DEAD, DispatchStatus.CANCELLED)
-            else f"the dispatch is {d.status}; only dead or cancelled ones are redelivered"
-        ),
+        refuse=refuse_redeliver,
         explain=_explain_redeliver,
         perform=lambda d, by, reason: redeliver(d.id, by=by, reason=reason),
     ),
@@ -63,11 +64,7 @@ OPERATIONS = {
         label="Cancel delivery",
         permission="cancel_dispatch",
         done="cancelled",
-        refuse=lambda d: (
-            None
-            if d.status in DELIVERABLE
-            else f"the dispatch is {d.status}; only pending or failed ones are cancelled"
-        ),
+        refuse=refuse_cancel_dispatch,
         explain=_explain_cancel,
         perform=lambda d, by, reason: cancel_dispatch(d.id, by=by, reason=reason),
         danger=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.contrib import admin
@@ -17,7 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import overview, run_page
+from kumiflow_django.admin import overview, run_page, send_event
 from kumiflow_django.admin.base import (
     CheckedChangeList,
     FieldFilter,
@@ -36,7 +37,7 @@ from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.engine import operations
-from kumiflow_django.engine.operations import WAKEABLE, retry_point
+from kumiflow_django.engine.operations import retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.store import clock, leases
@@ -54,10 +55,6 @@ def _step_label(run: WorkflowRun, cursor: Any) -> str:
     return f"step {text} ({node['label']})" if node else f"step {text}"
 
 
-def _refuse_cancel(run: WorkflowRun) -> str | None:
-    return f"the run is {run.status}" if run.status in FINISHED else None
-
-
 def _explain_cancel(run: WorkflowRun) -> list[str]:
     pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE).count()
     lines = [
@@ -69,10 +66,6 @@ def _explain_cancel(run: WorkflowRun) -> list[str]:
     if pending:
         lines.append(f"Its {pending} outbox request(s) not delivered yet are cancelled with it.")
     return lines
-
-
-def _refuse_wake(run: WorkflowRun) -> str | None:
-    return None if run.status in WAKEABLE else f"the run is {run.status}, not waiting"
 
 
 def _explain_wake(run: WorkflowRun) -> list[str]:
@@ -103,10 +96,6 @@ def _explain_wake(run: WorkflowRun) -> list[str]:
     return lines
 
 
-def _refuse_retry(run: WorkflowRun) -> str | None:
-    return None if run.status == RunStatus.FAILED else f"the run is {run.status}, not failed"
-
-
 def _explain_retry(run: WorkflowRun) -> list[str]:
     point = retry_point(run)
     lines = [
@@ -123,24 +112,6 @@ def _explain_retry(run: WorkflowRun) -> list[str]:
             "workflow_definition_changed. Retry on the current definition instead."
         )
     return lines
-
-
-def _refuse_retry_current(run: WorkflowRun) -> str | None:
-    refused = _refuse_retry(run)
-    if refused:
-        return refused
-    if not registry.is_registered(run.workflow):
-        return f"no workflow {run.workflow!r} is registered"
-    cursor = retry_point(run)["cursor"]
-    if cursor is not None:
-        try:
-            registry.get(run.workflow).step_at(cursor)
-        except ValueError:
-            return (
-                f"the current definition of {run.workflow!r} has no step "
-                f"{'.'.join(map(str, cursor))}, where the run would continue"
-            )
-    return None
 
 
 def _explain_retry_current(run: WorkflowRun) -> list[str]:
@@ -166,7 +137,7 @@ RUN_OPERATIONS = {
         label="Cancel",
         permission="cancel_workflowrun",
         done="cancelled",
-        refuse=_refuse_cancel,
+        refuse=operations.refuse_cancel,
         explain=_explain_cancel,
         perform=lambda run, by, reason: operations.cancel_run(run.id, by=by, reason=reason),
         danger=True,
@@ -176,7 +147,7 @@ RUN_OPERATIONS = {
         label="Wake now",
         permission="wake_workflowrun",
         done="woken",
-        refuse=_refuse_wake,
+        refuse=operations.refuse_wake,
         explain=_explain_wake,
         perform=lambda run, by, reason: operations.wake_run(run.id, by=by, reason=reason),
     ),
@@ -185,7 +156,7 @@ RUN_OPERATIONS = {
         label="Retry",
         permission="retry_workflowrun",
         done="retried",
-        refuse=_refuse_retry,
+        refuse=operations.refuse_retry,
         explain=_explain_retry,
         perform=lambda run, by, reason: operations.retry_run(run.id, by=by, reason=reason),
     ),
@@ -194,7 +165,7 @@ RUN_OPERATIONS = {
         label="Retry on the current definition",
         permission="retry_workflowrun",
         done="retried on the current definition",
-        refuse=_refuse_retry_current,
+        refuse=partial(operations.refuse_retry, adopt_current_definition=True),
         explain=_explain_retry_current,
         perform=lambda run, by, reason: operations.retry_run(
             run.id, adopt_current_definition=True, by=by, reason=reason
@@ -526,7 +497,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             for name, op in self.operations.items()
             if op.refuse(run) is None and self.user_can(request, op.permission)
         ]
-        context["can_send_event"] = run.status == RunStatus.WAITING_EVENT and self.user_can(
+        context["can_send_event"] = send_event.refuse(run) is None and self.user_can(
             request, "send_event_workflowrun"
         )
         return super().change_view(

@@ -18,15 +18,7 @@ from kumiflow_django.admin.confirm import Operation, bulk, operate_view
 from kumiflow_django.admin.display import plain_when, when_short
 from kumiflow_django.admin.timeline import stream_context
 from kumiflow_django.cron import schedules as cron
-from kumiflow_django.definition.registry import registry
 from kumiflow_django.projections.schedules import CronSchedule
-
-
-def _refuse_fire(schedule: CronSchedule) -> str | None:
-    if not registry.is_registered(schedule.workflow):
-        return f"no workflow {schedule.workflow!r} is registered in this process"
-    return None
-
 
 OPERATIONS = {
     "fire": Operation(
@@ -34,7 +26,7 @@ OPERATIONS = {
         label="Fire now",
         permission="operate_cronschedule",
         done="fired",
-        refuse=_refuse_fire,
+        refuse=lambda s: cron.refuse_fire_now(s.workflow),
         explain=lambda s: [
             f"A run of {s.workflow} starts now, outside its schedule, as if an occurrence "
             "were due now (its idempotency key marks it as fired by hand).",
@@ -48,7 +40,7 @@ OPERATIONS = {
         label="Enable",
         permission="operate_cronschedule",
         done="enabled",
-        refuse=lambda s: "the schedule is enabled already" if s.enabled else None,
+        refuse=lambda s: cron.refuse_set_enabled(s, True),
         explain=lambda s: [
             f"{s.workflow} fires again from its next occurrence after now "
             f"({s.expression}, {s.timezone}).",
@@ -61,7 +53,7 @@ OPERATIONS = {
         label="Disable",
         permission="operate_cronschedule",
         done="disabled",
-        refuse=lambda s: None if s.enabled else "the schedule is disabled already",
+        refuse=lambda s: cron.refuse_set_enabled(s, False),
         explain=lambda s: [
             f"{s.workflow} stops firing (its next occurrence was {plain_when(s.next_fire_at)}).",
             "It stays disabled until someone enables it; a deploy does not enable it. Runs "

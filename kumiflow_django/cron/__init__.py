@@ -11,9 +11,7 @@ up to the engine (firing starts runs).
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from kumiflow_django.store.deprecation import moved_names
 
 # Names this package had as a module before 0.2, for code that imported them.
 _MOVED = dict.fromkeys(
@@ -21,13 +19,4 @@ _MOVED = dict.fromkeys(
 ) | dict.fromkeys(("occurrences", "next_occurrence"), "kumiflow_django.cron.occurrences")
 
 
-def __getattr__(name: str) -> Any:
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kumiflow_django.cron' has no attribute {name!r}")
-    warnings.warn(
-        f"kumiflow_django.cron.{name} moved to {module}.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(module), name)
+__getattr__ = moved_names(__name__, _MOVED)

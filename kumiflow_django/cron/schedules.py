@@ -36,7 +36,7 @@ from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
-from kumiflow_django.store.errors import UnknownWorkflow, WorkflowDefinitionError
+from kumiflow_django.store.errors import UnknownWorkflow, WorkflowDefinitionError, raise_refusal
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 
@@ -333,12 +333,27 @@ def _fire(schedule: CronSchedule, now: datetime) -> int:
     return len(run_ids)
 
 
+def refuse_fire_now(workflow: str) -> str | None:
+    """Why :func:`fire_now` does not apply to ``workflow`` (None: it does); the
+    admin asks it what to offer."""
+    if not registry.is_registered(workflow):
+        return f"no workflow named {workflow!r} is registered in this process"
+    return None
+
+
+def refuse_set_enabled(schedule: CronSchedule, enabled: bool) -> str | None:
+    """Why :func:`set_enabled` has nothing to do on ``schedule`` (None: it has):
+    it leaves a schedule that is so already as it is."""
+    if schedule.enabled == enabled:
+        return f"the schedule is {'enabled' if enabled else 'disabled'} already"
+    return None
+
+
 def fire_now(workflow: str, *, by: str = "", reason: str = "") -> str:
     """Start a run of a cron workflow now, outside its schedule; return the run id.
     ``by`` and ``reason`` are stored in the ``cron.fired`` event."""
     by, reason = check_operator(by, reason)
-    if not registry.is_registered(workflow):
-        raise UnknownWorkflow(f"no workflow named {workflow!r} is registered")
+    raise_refusal(refuse_fire_now(workflow), UnknownWorkflow)
     now = clock.now().replace(microsecond=0)
     with (
         db.atomic(),
@@ -376,7 +391,7 @@ def set_enabled(workflow: str, enabled: bool, *, reason: str = "", by: str = "")
         schedule = _lock(workflow, None, skip_locked=False)
         if schedule is None:
             raise UnknownWorkflow(f"{workflow!r} has no cron schedule")
-        if schedule.enabled == enabled:
+        if refuse_set_enabled(schedule, enabled) is not None:
             return schedule
         if enabled:
             try:

@@ -1,17 +1,22 @@
 """Async entry points: the public operations, awaitable from async views and tasks.
 
-Each runs the sync function through ``sync_to_async(thread_sensitive=True)``:
-the engine's transactions, savepoints and on-commit hooks need one
-connection on one thread, as in sync code, and Django's async views run
-thread-sensitive code on the request's own thread. So a run started here
-behaves exactly as one started from a sync view (its first segment has run
-when ``astart_workflow`` returns), and no ``SynchronousOnlyOperation`` is raised.
+Each twin is made from its sync function by :func:`async_twin`, so it takes
+exactly the same parameters (its signature is the function's: a twin
+cannot drift from it). It runs the sync function through
+``sync_to_async(thread_sensitive=True)``: the engine's transactions,
+savepoints and on-commit hooks need one connection on one thread, as in
+sync code, and Django's async views run thread-sensitive code on the
+request's own thread. So a run started here behaves exactly as one started
+from a sync view (its first segment has run when ``astart_workflow``
+returns), and no ``SynchronousOnlyOperation`` is raised.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -19,12 +24,13 @@ from asgiref.sync import sync_to_async
 from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
 from kumiflow_django.engine.starting import start_workflow
 from kumiflow_django.projections.runs import WorkflowRun
+from kumiflow_django.store.deprecation import keyword_only
 from kumiflow_django.store.errors import RunNotFound
 from kumiflow_django.store.log import append_event
-from kumiflow_django.store.models import Event
 
 
-def get_run(run_id: uuid.UUID | str, tenant: str | None = None) -> WorkflowRun:
+@keyword_only("tenant")
+def get_run(run_id: uuid.UUID | str, *, tenant: str | None = None) -> WorkflowRun:
     """The run with this id (in ``tenant``, if given); :class:`RunNotFound` otherwise,
     also for a malformed id."""
     try:
@@ -40,80 +46,28 @@ def get_run(run_id: uuid.UUID | str, tenant: str | None = None) -> WorkflowRun:
     return run
 
 
-async def astart_workflow(
-    name: str,
-    *,
-    payload: dict[str, Any] | None = None,
-    tenant: str | None = None,
-    idempotency_key: str | None = None,
-    version: str | None = None,
-    priority: int | None = None,
-) -> WorkflowRun:
-    """:func:`kumiflow_django.start_workflow`, awaitable."""
-    return await sync_to_async(start_workflow, thread_sensitive=True)(
-        name,
-        payload=payload,
-        tenant=tenant,
-        idempotency_key=idempotency_key,
-        version=version,
-        priority=priority,
-    )
+def async_twin[**P, R](func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """``a<name>``: ``func``, awaitable, with ``func``'s signature and docs."""
+    call = sync_to_async(func, thread_sensitive=True)
+
+    @functools.wraps(func)
+    async def twin(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await call(*args, **kwargs)
+
+    twin.__name__ = f"a{func.__name__}"
+    twin.__qualname__ = twin.__name__
+    twin.__module__ = __name__
+    twin.__doc__ = f":func:`kumiflow_django.{func.__name__}`, awaitable.\n\n{func.__doc__ or ''}"
+    twin.__signature__ = inspect.signature(func)  # type: ignore[attr-defined]
+    return twin
 
 
-async def aappend_event(
-    stream_id: str | int | uuid.UUID,
-    type: str,
-    payload: Mapping[str, Any] | None = None,
-    *,
-    stream_type: str = "",
-    tenant: str | None = None,
-    expected_version: int | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    schema_version: int = 1,
-    created_by: str = "",
-    priority: int | None = None,
-) -> Event:
-    """:func:`kumiflow_django.append_event`, awaitable."""
-    return await sync_to_async(append_event, thread_sensitive=True)(
-        stream_id,
-        type,
-        payload,
-        stream_type=stream_type,
-        tenant=tenant,
-        expected_version=expected_version,
-        metadata=metadata,
-        schema_version=schema_version,
-        created_by=created_by,
-        priority=priority,
-    )
-
-
-async def aget_run(run_id: uuid.UUID | str, tenant: str | None = None) -> WorkflowRun:
-    """The run with this id (in ``tenant``, if given); :class:`RunNotFound` otherwise."""
-    return await sync_to_async(get_run, thread_sensitive=True)(run_id, tenant)
-
-
-async def acancel_run(
-    run_id: uuid.UUID | str, *, reason: str = "", tenant: str | None = None
-) -> WorkflowRun:
-    """:func:`kumiflow_django.cancel_run`, awaitable."""
-    return await sync_to_async(cancel_run, thread_sensitive=True)(
-        run_id, reason=reason, tenant=tenant
-    )
-
-
-async def aretry_run(
-    run_id: uuid.UUID | str, *, adopt_current_definition: bool = False, tenant: str | None = None
-) -> WorkflowRun:
-    """:func:`kumiflow_django.retry_run`, awaitable."""
-    return await sync_to_async(retry_run, thread_sensitive=True)(
-        run_id, adopt_current_definition=adopt_current_definition, tenant=tenant
-    )
-
-
-async def awake_run(run_id: uuid.UUID | str, *, tenant: str | None = None) -> WorkflowRun:
-    """:func:`kumiflow_django.wake_run`, awaitable."""
-    return await sync_to_async(wake_run, thread_sensitive=True)(run_id, tenant=tenant)
+astart_workflow = async_twin(start_workflow)
+aappend_event = async_twin(append_event)
+aget_run = async_twin(get_run)
+acancel_run = async_twin(cancel_run)
+aretry_run = async_twin(retry_run)
+awake_run = async_twin(wake_run)
 
 
 __all__ = [
@@ -122,6 +76,7 @@ __all__ = [
     "aget_run",
     "aretry_run",
     "astart_workflow",
+    "async_twin",
     "awake_run",
     "get_run",
 ]

@@ -1,5 +1,10 @@
 """Operating runs: cancel, retry and wake. The admin calls these, nothing else.
 
+Whether an operation applies to a run is said once, by its ``refuse_*``
+function (the reason it does not apply, or None): the operation asks it
+under the run's lock before it acts, the admin asks it to decide what to
+offer, and the HTTP API answers with the operation's refusal.
+
 Each appends one event to the run's stream at its current version (the row
 is locked first, so an operation waits for a segment in flight) and updates
 the run row through the projection, like every other change of a run. The
@@ -33,7 +38,13 @@ from kumiflow_django.store import db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
-from kumiflow_django.store.errors import InvalidRunState, RunNotFound
+from kumiflow_django.store.errors import (
+    InvalidRunState,
+    Refusal,
+    RunNotFound,
+    UnknownWorkflow,
+    raise_refusal,
+)
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
@@ -66,6 +77,48 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
     return run
 
 
+def refuse_cancel(run: WorkflowRun) -> str | None:
+    """Why :func:`cancel_run` does not apply to ``run`` (None: it does)."""
+    if run.status in FINISHED:
+        return f"the run is {run.status}: only unfinished runs are cancelled"
+    return None
+
+
+def refuse_wake(run: WorkflowRun) -> str | None:
+    """Why :func:`wake_run` does not apply to ``run`` (None: it does)."""
+    if run.status not in WAKEABLE:
+        return f"the run is {run.status}, not waiting: only waiting runs are woken"
+    return None
+
+
+def refuse_retry(
+    run: WorkflowRun,
+    *,
+    adopt_current_definition: bool = False,
+    point: dict[str, Any] | None = None,
+) -> str | None:
+    """Why :func:`retry_run` does not apply to ``run`` (None: it does); ``point``
+    is the run's :func:`retry_point`, when the caller has it already."""
+    if run.status != RunStatus.FAILED:
+        return f"the run is {run.status}, not failed: only failed runs are retried"
+    if run.compensation == Compensation.COMPENSATED:
+        return "the run was compensated: its completed steps were undone; start a new run"
+    if not adopt_current_definition:
+        return None
+    if not registry.is_registered(run.workflow):
+        return Refusal(f"no workflow {run.workflow!r} is registered", UnknownWorkflow)
+    cursor = (point or retry_point(run))["cursor"]
+    if cursor is not None:
+        try:
+            registry.get(run.workflow).step_at(cursor)
+        except ValueError:
+            return (
+                f"the current definition of {run.workflow!r} has no step "
+                f"{'.'.join(map(str, cursor))}, where the run would continue"
+            )
+    return None
+
+
 def _append(run: WorkflowRun, type_: str, payload: dict[str, Any], by: str = "") -> WorkflowRun:
     segment = Segment(run.id, run.tenant_id, run)
     segment.add(type_, payload, created_by=by)
@@ -91,10 +144,7 @@ def cancel_run(
     by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
-        if run.status in FINISHED:
-            raise InvalidRunState(
-                f"run {run.id} is {run.status}: only unfinished runs are cancelled"
-            )
+        raise_refusal(refuse_cancel(run), InvalidRunState, f"run {run.id}")
         text = reason or "cancelled"
         if compensate and not compensation.active(run.cursor) and compensation.pending(run.state):
             segment = Segment(run.id, run.tenant_id, run)
@@ -137,8 +187,7 @@ def wake_run(
     by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
-        if run.status not in WAKEABLE:
-            raise InvalidRunState(f"run {run.id} is {run.status}: only waiting runs are woken")
+        raise_refusal(refuse_wake(run), InvalidRunState, f"run {run.id}")
         updated = _append(run, ev.RUN_WOKEN, audited({}, by, reason), by)
         work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
     logger.info("run %s woken by %s (%s)", run.id, by or "code", reason or "no reason given")
@@ -228,25 +277,14 @@ def retry_run(
     by, reason = check_operator(by, reason)
     with db.atomic():
         run = _lock(run_id, tenant)
-        if run.status != RunStatus.FAILED:
-            raise InvalidRunState(f"run {run.id} is {run.status}: only failed runs are retried")
-        if run.compensation == Compensation.COMPENSATED:
-            raise InvalidRunState(
-                f"run {run.id} was compensated: its completed steps were undone; start a new run"
-            )
+        raise_refusal(refuse_retry(run), InvalidRunState, f"run {run.id}")
         payload: dict[str, Any] = {"restore": retry_point(run)}
+        if adopt_current_definition:
+            refusal = refuse_retry(run, adopt_current_definition=True, point=payload["restore"])
+            raise_refusal(refusal, InvalidRunState, f"run {run.id}")
         task = _retry_task(run, payload["restore"])
         if adopt_current_definition:
             current = registry.get(run.workflow)
-            cursor = payload["restore"]["cursor"]
-            if cursor is not None:
-                try:
-                    current.step_at(cursor)
-                except ValueError as exc:
-                    raise InvalidRunState(
-                        f"run {run.id} is at {cursor}, which the current definition of "
-                        f"{run.workflow!r} does not have"
-                    ) from exc
             payload["fingerprint"] = current.fingerprint
             payload["version"] = current.version
             remember(current)

@@ -2,7 +2,7 @@
 
 - :mod:`.kinds`: the ways of delivering (``mail``, ``webhook``, yours), one registry;
 - :mod:`.mail`, :mod:`.webhook` (with :mod:`.ssrf`, its guard): the built-in kinds;
-- :mod:`.errors`: how a delivery says whether to try again;
+- :mod:`.errors`: moved (``DeliveryFailure`` is in :mod:`kumiflow_django.store.errors`);
 - :mod:`.requests`: the dispatch streams a segment opens for its steps' requests;
 - :mod:`.delivery`: claim, deliver, record one dispatch (at least once, one key);
 - :mod:`.actions`: redeliver, cancel, prune.
@@ -15,21 +15,10 @@ store, definition, steps, projections.
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from kumiflow_django.store.deprecation import moved_names
 
 # Names this package had as a module before 0.2, for code that imported them.
 _MOVED = {"request": "kumiflow_django.steps.dispatch"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kumiflow_django.outbox' has no attribute {name!r}")
-    warnings.warn(
-        f"kumiflow_django.outbox.{name} moved to {module}.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(module), name)
+__getattr__ = moved_names(__name__, _MOVED)

@@ -14,7 +14,7 @@ from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
-from kumiflow_django.store.errors import DispatchNotFound, InvalidDispatchState
+from kumiflow_django.store.errors import DispatchNotFound, InvalidDispatchState, raise_refusal
 from kumiflow_django.store.log import erase_stream
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
@@ -30,6 +30,21 @@ def _locked(dispatch_id: uuid.UUID | str) -> Dispatch:
     return dispatch
 
 
+def refuse_redeliver(dispatch: Dispatch) -> str | None:
+    """Why :func:`redeliver` does not apply to ``dispatch`` (None: it does); the
+    admin asks it what to offer, the operation before it acts."""
+    if dispatch.status not in (DispatchStatus.DEAD, DispatchStatus.CANCELLED):
+        return f"the dispatch is {dispatch.status}; only dead or cancelled ones are redelivered"
+    return None
+
+
+def refuse_cancel_dispatch(dispatch: Dispatch) -> str | None:
+    """Why :func:`cancel_dispatch` does not apply to ``dispatch`` (None: it does)."""
+    if dispatch.status not in DELIVERABLE:
+        return f"the dispatch is {dispatch.status}; only pending or failed ones are cancelled"
+    return None
+
+
 def redeliver(dispatch_id: uuid.UUID | str, *, by: str = "", reason: str = "") -> Dispatch:
     """Deliver a dead (or cancelled) dispatch again, with a fresh retry budget
     and the same idempotency key. ``by`` and ``reason`` (the operator, and why)
@@ -37,11 +52,7 @@ def redeliver(dispatch_id: uuid.UUID | str, *, by: str = "", reason: str = "") -
     by, reason = check_operator(by, reason)
     with db.atomic():
         dispatch = _locked(dispatch_id)
-        if dispatch.status not in (DispatchStatus.DEAD, DispatchStatus.CANCELLED):
-            raise InvalidDispatchState(
-                f"dispatch {dispatch.id} is {dispatch.status}; only dead or cancelled ones "
-                "are redelivered"
-            )
+        raise_refusal(refuse_redeliver(dispatch), InvalidDispatchState, f"dispatch {dispatch.id}")
         updated = append(dispatch, ev.DISPATCH_REDELIVERY, audited({}, by, reason), created_by=by)
         work_committed(WorkKind.DISPATCH)
     return updated
@@ -53,11 +64,8 @@ def cancel_dispatch(dispatch_id: uuid.UUID | str, *, reason: str = "", by: str =
     by, reason = check_operator(by, reason)
     with db.atomic():
         dispatch = _locked(dispatch_id)
-        if dispatch.status not in DELIVERABLE:
-            raise InvalidDispatchState(
-                f"dispatch {dispatch.id} is {dispatch.status}; only pending or failed ones "
-                "are cancelled"
-            )
+        refusal = refuse_cancel_dispatch(dispatch)
+        raise_refusal(refusal, InvalidDispatchState, f"dispatch {dispatch.id}")
         payload = audited({}, by, reason or "cancelled")
         return append(dispatch, ev.DISPATCH_CANCELLED, payload, created_by=by)
 

@@ -26,13 +26,13 @@ from django.db import IntegrityError
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
-from kumiflow_django.outbox.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.outbox.kinds import dispatch_kinds
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, append
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
+from kumiflow_django.store.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text

@@ -1,31 +1,10 @@
-"""How a delivery tells the dispatch loop whether to try again."""
+"""Moved: ``DeliveryFailure`` and ``PermanentFailure`` are in
+:mod:`kumiflow_django.store.errors` (import them from ``kumiflow_django``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from kumiflow_django.store.deprecation import moved_names
 
-
-class DeliveryFailure(Exception):
-    """A failed attempt that may succeed later (5xx, 429, network trouble)."""
-
-    retryable = True
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status_code: int | None = None,
-        retry_after: float | None = None,
-        response: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.retry_after = retry_after
-        #: What the server answered, when the step awaits it (a webhook's response).
-        self.response = response
-
-
-class PermanentFailure(DeliveryFailure):
-    """A failed attempt that will fail again the same way (4xx, a bad URL)."""
-
-    retryable = False
+__getattr__ = moved_names(
+    __name__, dict.fromkeys(("DeliveryFailure", "PermanentFailure"), "kumiflow_django")
+)

@@ -1,7 +1,7 @@
 """Dispatch kinds: the ways of delivering (``mail``, ``webhook``, yours).
 
 A kind is a ``deliver(request, dispatch)`` function that raises on failure
-(:mod:`kumiflow_django.outbox.errors` says whether to try again) and an
+(``DeliveryFailure`` or ``PermanentFailure`` says whether to try again) and an
 optional ``check(request)`` that names a reason the request can never be
 delivered (then it is dead at once, without an attempt). Register your own
 with :func:`register_dispatch_kind`; the registry is :data:`dispatch_kinds`.

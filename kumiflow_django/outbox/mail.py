@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.mail import EmailMultiAlternatives
 
-from kumiflow_django.outbox.errors import PermanentFailure
 from kumiflow_django.projections.dispatches import Dispatch
+from kumiflow_django.store.errors import PermanentFailure
 
 
 def check(request: Mapping[str, Any]) -> str | None:

@@ -43,7 +43,7 @@ from urllib3.util import parse_url
 from urllib3.util.connection import allowed_gai_family
 
 from kumiflow_django.conf import settings
-from kumiflow_django.outbox.errors import PermanentFailure
+from kumiflow_django.store.errors import PermanentFailure
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -42,10 +42,9 @@ import requests
 from kumiflow_django import __version__
 from kumiflow_django.conf import settings
 from kumiflow_django.outbox import ssrf
-from kumiflow_django.outbox.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.store import clock, telemetry
-from kumiflow_django.store.errors import InvalidEvent
+from kumiflow_django.store.errors import DeliveryFailure, InvalidEvent, PermanentFailure
 from kumiflow_django.store.values import clean_text, to_json
 
 METHODS = ("POST", "PUT", "PATCH", "DELETE", "GET")

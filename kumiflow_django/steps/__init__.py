@@ -13,29 +13,28 @@ from kumiflow_django.definition.step import Step, StepKind, register_step_kind, 
 from kumiflow_django.steps.append_event import append_event
 from kumiflow_django.steps.branch import branch
 from kumiflow_django.steps.call import call, handler
-from kumiflow_django.steps.child import ChildFailed, child
+from kumiflow_django.steps.child import child
 from kumiflow_django.steps.compute import compute
 from kumiflow_django.steps.for_each import for_each
 from kumiflow_django.steps.mail import mail_send
-from kumiflow_django.steps.model import StaleVersion, model
+from kumiflow_django.steps.model import model
 from kumiflow_django.steps.parallel import parallel
 from kumiflow_django.steps.read import read
 from kumiflow_django.steps.retry import retry
 from kumiflow_django.steps.return_ import return_
-from kumiflow_django.steps.task import TaskFailed, task
+from kumiflow_django.steps.task import task
 from kumiflow_django.steps.wait import wait
 from kumiflow_django.steps.wait_for_event import wait_for_event
 from kumiflow_django.steps.webhook import webhook_send
+from kumiflow_django.store.deprecation import moved_names
 
 __all__ = [
     "Step",
     "StepKind",
-    "StaleVersion",
     "append_event",
     "branch",
     "call",
     "child",
-    "ChildFailed",
     "compute",
     "for_each",
     "handler",
@@ -48,8 +47,12 @@ __all__ = [
     "retry",
     "return_",
     "task",
-    "TaskFailed",
     "wait",
     "wait_for_event",
     "webhook_send",
 ]
+
+# moved to kumiflow_django.store.errors in 0.2 (import them from kumiflow_django)
+__getattr__ = moved_names(
+    __name__, dict.fromkeys(("ChildFailed", "StaleVersion", "TaskFailed"), "kumiflow_django")
+)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from kumiflow_django.definition.context import Context
 from kumiflow_django.definition.step import (
@@ -51,17 +53,39 @@ class AppendEventKind(StepKind):
         return f"append {step.args['type']}"
 
 
+def _old_order[**P](func: Callable[P, Step]) -> Callable[P, Step]:
+    """Before 0.2 the type came first, ``append_event(type, stream_id=...)``: such
+    a call still works, with a warning (in the new order it could not bind)."""
+
+    @functools.wraps(func)
+    def shim(*args: Any, **kwargs: Any) -> Step:
+        if len(args) == 1 and "stream_id" in kwargs and "type" not in kwargs:
+            warnings.warn(
+                "steps.append_event(type, stream_id=...) is deprecated: the arguments "
+                "come in the order of kumiflow_django.append_event, "
+                "append_event(stream_id, type, payload)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return func(kwargs.pop("stream_id"), *args, **kwargs)
+        return func(*args, **kwargs)
+
+    return cast(Callable[P, Step], shim)
+
+
+@_old_order
 def append_event(
-    type: str,  # noqa: A002 - mirrors kumiflow_django.append_event
-    *,
     stream_id: Resolver,
+    type: str,  # noqa: A002 - mirrors kumiflow_django.append_event
     payload: Resolver = None,
+    *,
     stream_type: str = "",
     expected_version: Resolver = None,
     name: str | None = None,
     compensate: Sequence[Step] | None = None,
 ) -> Step:
-    """Append a domain event (it may start or wake other workflows)."""
+    """Append a domain event (it may start or wake other workflows); the arguments
+    are those of :func:`kumiflow_django.append_event`, in its order."""
     args = {
         "type": type,
         "stream_id": stream_id,

@@ -28,21 +28,14 @@ from kumiflow_django.definition.step import (
     resolve,
 )
 from kumiflow_django.steps.control import ChildWait, Suspend
-from kumiflow_django.store import limits
-from kumiflow_django.store import names as ev
-from kumiflow_django.store.errors import InvalidEvent, KumiflowError
+from kumiflow_django.store import errors, limits
+from kumiflow_django.store.deprecation import moved_names
+from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.log import check_text
 from kumiflow_django.store.values import to_json
 
 ON_FAILURE = ("fail", "result")
 ON_PARENT_CANCEL = ("cancel", "abandon")
-
-
-class ChildFailed(KumiflowError):
-    """A child run that its parent waited for failed or was cancelled."""
-
-    #: The ``reason`` of the parent's ``run-failed`` event.
-    run_failure_reason = ev.CHILD_FAILED_REASON
 
 
 class ChildKind(StepKind):
@@ -124,7 +117,7 @@ def _outcome(step: Step, settled: dict[str, Any]) -> Any:
         }
     if ok:
         return settled.get("result")
-    raise ChildFailed(
+    raise errors.ChildFailed(
         f"child run {settled.get('run_id')} of {step.args['workflow']!r} was "
         f"{settled.get('status')}: {settled.get('error') or settled.get('reason') or ''}"
     )
@@ -162,3 +155,6 @@ def child(
 
 
 register_step_kind(ChildKind())
+
+
+__getattr__ = moved_names(__name__, {"ChildFailed": "kumiflow_django"})

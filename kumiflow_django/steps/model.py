@@ -24,10 +24,8 @@ from kumiflow_django.definition.step import (
     resolve,
 )
 from kumiflow_django.steps._models import ModelRef, apply_filter, check_model_ref, get_model, row
-
-
-class StaleVersion(Exception):
-    """The row's version is not the expected one: someone else changed it."""
+from kumiflow_django.store import errors
+from kumiflow_django.store.deprecation import moved_names
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
@@ -67,7 +65,7 @@ class UpdateKind(_ModelKind):
             changed = qs.filter(**{field: expected}).update(**values, **{field: F(field) + 1})
             if not changed:
                 if qs.exists():
-                    raise StaleVersion(
+                    raise errors.StaleVersion(
                         f"{model.__name__} {pk} is no longer at {field}={expected!r}"
                     )
                 raise ObjectDoesNotExist(f"{model.__name__} {pk} does not exist")
@@ -163,3 +161,6 @@ register_step_kind(CreateKind())
 register_step_kind(UpdateKind())
 register_step_kind(UpsertKind())
 register_step_kind(DeleteKind())
+
+
+__getattr__ = moved_names(__name__, {"StaleVersion": "kumiflow_django"})

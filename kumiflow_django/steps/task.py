@@ -38,9 +38,10 @@ from kumiflow_django.definition.step import (
     resolve,
 )
 from kumiflow_django.steps.control import EventWait, Suspend
-from kumiflow_django.store import limits
+from kumiflow_django.store import errors, limits
 from kumiflow_django.store import names as ev
-from kumiflow_django.store.errors import InvalidEvent, KumiflowError
+from kumiflow_django.store.deprecation import moved_names
+from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.values import clean_text, to_json
 
 ON_ERROR = ("fail", "result")
@@ -53,13 +54,6 @@ DEFAULT_RETRY: dict[str, Any] = {
     "jitter": 0.1,
 }
 DEFAULT_TIMEOUT = 300.0
-
-
-class TaskFailed(KumiflowError):
-    """A task step's task failed for good (every attempt its policy allows)."""
-
-    #: The ``reason`` of the run's ``run-failed`` event.
-    run_failure_reason = ev.TASK_FAILED_REASON
 
 
 def django_task_classes() -> tuple[type[Any], ...]:
@@ -280,7 +274,7 @@ def _outcome(step: Step, ctx: Context) -> Any:
     """The step's result once its task settled: the function's value, or the failure."""
     event = ctx.wake.event if ctx.wake is not None else None
     if ctx.wake is None or ctx.wake.reason != WakeReason.EVENT or event is None:
-        raise TaskFailed(f"task {step.name!r} woke without its outcome")
+        raise errors.TaskFailed(f"task {step.name!r} woke without its outcome")
     p = event.payload
     wrap = step.args["on_error"] == "result"
     if event.type == ev.TASK_COMPLETED:
@@ -294,7 +288,7 @@ def _outcome(step: Step, ctx: Context) -> Any:
             "attempts": p.get("attempt", 0),
         }
     tail = (p.get("traceback") or "").strip().splitlines()[-6:]
-    raise TaskFailed(
+    raise errors.TaskFailed(
         f"task {step.name!r} failed after {p.get('attempt', 0)} attempt(s): "
         f"{p.get('error_type') or 'Error'}: {p.get('error', '')}"
         + ("\n" + "\n".join(tail) if tail else "")
@@ -351,3 +345,6 @@ def task(
 
 
 register_step_kind(TaskKind())
+
+
+__getattr__ = moved_names(__name__, {"TaskFailed": "kumiflow_django"})

@@ -18,8 +18,8 @@ from datetime import timedelta
 from typing import Any
 
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
-from kumiflow_django.store import clock, leases
-from kumiflow_django.store.errors import KumiflowError
+from kumiflow_django.store import clock, errors, leases
+from kumiflow_django.store.deprecation import moved_names
 from kumiflow_django.store.values import to_json
 
 #: Largest heartbeat details, in bytes of JSON (they live on the task's row).
@@ -91,15 +91,11 @@ _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
 )
 
 
-class NotInATask(KumiflowError):
-    """``current_task()`` was called outside a task step's function."""
-
-
 def current_task() -> TaskContext:
     """The attempt the calling code runs in (inside a task step's function)."""
     context = _current.get()
     if context is None:
-        raise NotInATask("current_task() is only available inside a task step's function")
+        raise errors.NotInATask("current_task() is only available inside a task step's function")
     return context
 
 
@@ -110,3 +106,6 @@ def running(context: TaskContext) -> Iterator[TaskContext]:
         yield context
     finally:
         _current.reset(token)
+
+
+__getattr__ = moved_names(__name__, {"NotInATask": "kumiflow_django"})

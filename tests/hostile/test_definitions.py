@@ -49,16 +49,14 @@ def nest(depth: int) -> list:
             id="two-waits-for-one-type",
         ),
         pytest.param([s.wait_for_event("t" * 201)], "longer than 200", id="awaited-type-long"),
+        pytest.param([s.append_event("s", "x\x00y")], "control character", id="appended-type-nul"),
         pytest.param(
-            [s.append_event("x\x00y", stream_id="s")], "control character", id="appended-type-nul"
-        ),
-        pytest.param(
-            [s.append_event("kumiflow.workflow.run-started", stream_id="s")],
+            [s.append_event("s", "kumiflow.workflow.run-started")],
             "reserved prefix",
             id="appended-type-reserved",
         ),
         pytest.param(
-            [s.append_event("ok.type", stream_id="s", stream_type="t" * 101)],
+            [s.append_event("s", "ok.type", stream_type="t" * 101)],
             "longer than 100",
             id="appended-stream-type-long",
         ),

@@ -41,7 +41,7 @@ def test_aget_run_raises_run_not_found_like_the_operations(approval):
     run = async_to_sync(astart_workflow)("approval", payload={"order": "o-1"})
     for run_id, tenant in ((run.id, "acme"), ("not-a-uuid", None), ("0" * 32, None)):
         with pytest.raises(RunNotFound):
-            async_to_sync(aget_run)(run_id, tenant)
+            async_to_sync(aget_run)(run_id, tenant=tenant)
 
 
 def test_the_operations_are_awaitable(registry):
