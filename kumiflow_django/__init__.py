@@ -35,6 +35,8 @@ from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from kumiflow_django.store import errors as _errors
+
 try:
     __version__ = version("kumiflow-django")
 except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
@@ -42,6 +44,8 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "KumiflowDeprecationWarning": "kumiflow_django.store.errors",
+    "ResolverContext": "kumiflow_django.definition.context",
     "wake_run": "kumiflow_django.engine.operations",
     "retry_run": "kumiflow_django.engine.operations",
     "cancel_run": "kumiflow_django.engine.operations",
@@ -104,6 +108,8 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "KumiflowDeprecationWarning",
+    "ResolverContext",
     "__version__",
     "wake_run",
     "retry_run",
@@ -226,7 +232,7 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = MOVED_MODULES[spec.name]
         warnings.warn(
             f"{spec.name} moved to {new} in kumiflow-django 0.2; import it from there",
-            DeprecationWarning,
+            _errors.KumiflowDeprecationWarning,
             stacklevel=2,
         )
         return importlib.import_module(new)
@@ -240,6 +246,7 @@ if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from kumiflow_django.definition.context import ResolverContext
     from kumiflow_django.definition.step import StepKind, register_step_kind
     from kumiflow_django.definition.triggers import manual, on_cron, on_event
     from kumiflow_django.definition.workflow import Workflow, define_workflow
@@ -267,6 +274,7 @@ if TYPE_CHECKING:  # pragma: no cover
         InvalidDispatchState,
         InvalidEvent,
         InvalidRunState,
+        KumiflowDeprecationWarning,
         KumiflowError,
         NotInATask,
         PermanentFailure,

@@ -16,6 +16,7 @@ from kumiflow_django.definition.step import (
     register_step_kind,
     resolve,
 )
+from kumiflow_django.store.errors import KumiflowDeprecationWarning
 from kumiflow_django.store.log import append_event as append
 from kumiflow_django.store.log import check_event_type, check_text
 
@@ -64,7 +65,7 @@ def _old_order[**P](func: Callable[P, Step]) -> Callable[P, Step]:
                 "steps.append_event(type, stream_id=...) is deprecated: the arguments "
                 "come in the order of kumiflow_django.append_event, "
                 "append_event(stream_id, type, payload)",
-                DeprecationWarning,
+                KumiflowDeprecationWarning,
                 stacklevel=2,
             )
             return func(kwargs.pop("stream_id"), *args, **kwargs)

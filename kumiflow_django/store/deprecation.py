@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from kumiflow_django.store.errors import KumiflowDeprecationWarning
+
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -27,7 +29,9 @@ def moved_names(module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
         new = names.get(name)
         if new is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        warnings.warn(f"{module}.{name} moved to {new}.{name}", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{module}.{name} moved to {new}.{name}", KumiflowDeprecationWarning, stacklevel=2
+        )
         return getattr(importlib.import_module(new), name)
 
     return resolve
@@ -52,7 +56,7 @@ def keyword_only[**P, R](*names: str) -> Callable[[Callable[P, R]], Callable[P, 
                 warnings.warn(
                     f"{func.__name__}(): pass {', '.join(moved)} by keyword; by position "
                     "is deprecated",
-                    DeprecationWarning,
+                    KumiflowDeprecationWarning,
                     stacklevel=2,
                 )
                 args, kwargs = args[:positional], {**kwargs, **moved}

@@ -143,3 +143,12 @@ class PermanentFailure(DeliveryFailure):
     """A failed attempt that will fail again the same way (4xx, a bad URL)."""
 
     retryable = False
+
+
+class KumiflowDeprecationWarning(DeprecationWarning):
+    """An old spelling of kumiflow-django's API that still works until 1.0.
+
+    A category of its own, so that a project whose tests turn warnings into
+    errors can let these through while it moves to the new spelling
+    (``filterwarnings = ["error", "default::kumiflow_django.KumiflowDeprecationWarning"]``).
+    """
