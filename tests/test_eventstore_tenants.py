@@ -166,3 +166,25 @@ def test_rebuild_is_identical_with_the_same_stream_ids_in_two_tenants(registry, 
         assert seen[len(live) :] == live
     finally:
         remove_projection("per-stream")
+
+
+def test_the_admin_shows_an_engine_stream_without_another_tenants_stream_of_its_id(
+    admin_client, registry
+):
+    from django.urls import reverse
+
+    from kumiflow_django.models import Dispatch
+
+    define_workflow("mailer", steps=[s.mail_send(to="a@x.io", subject="s", body="b")])
+    run = start_workflow("mailer", tenant="a")
+    dispatch = Dispatch.objects.get()
+    append_event(str(dispatch.id), "intruder.noted", tenant="b")
+    append_event(str(run.id), "intruder.noted", tenant="b")
+
+    for page in ("dispatch", "workflowrun"):
+        pk = dispatch.pk if page == "dispatch" else run.pk
+        response = admin_client.get(reverse(f"admin:kumiflow_{page}_change", args=[pk]))
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "intruder.noted" not in html, page
+        assert "tenant=a" in html, f"{page}: the link to its events names the tenant"
