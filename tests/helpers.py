@@ -10,8 +10,13 @@ P = "kumiflow.workflow."
 
 
 def run_events(run: WorkflowRun | Any) -> list[Event]:
+    """The run's stream (of its tenant, when given the run: the id alone names a
+    stream in every tenant)."""
     run_id = run.id if hasattr(run, "id") else run
-    return list(Event.objects.filter(stream_id=str(run_id)).order_by("version"))
+    qs = Event.objects.filter(stream_id=str(run_id))
+    if hasattr(run, "tenant_id"):
+        qs = qs.filter(tenant_id=run.tenant_id)
+    return list(qs.order_by("version"))
 
 
 def types(run: WorkflowRun | Any, after: int = 0) -> list[str]:

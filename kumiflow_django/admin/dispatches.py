@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString
 from kumiflow_django.admin.base import InputFilter, ReadOnlyAdmin, badge, pretty
 from kumiflow_django.admin.confirm import Operation, bulk, operate_view
 from kumiflow_django.admin.display import when_short
-from kumiflow_django.admin.timeline import stream_context
+from kumiflow_django.admin.timeline import stream_context, stream_url
 from kumiflow_django.outbox.actions import (
     cancel_dispatch,
     redeliver,
@@ -163,7 +163,7 @@ class DispatchAdmin(ReadOnlyAdmin):
 
     @admin.display(description="events")
     def events_link(self, dispatch: Dispatch) -> SafeString:
-        url = reverse("admin:kumiflow_event_changelist") + f"?stream={dispatch.id}"
+        url = stream_url(str(dispatch.id), dispatch.tenant_id)
         return format_html('<a href="{}">the events of this dispatch</a>', url)
 
     def has_redeliver_permission(self, request: HttpRequest) -> bool:
@@ -198,7 +198,7 @@ class DispatchAdmin(ReadOnlyAdmin):
             ]
         }
         if dispatch is not None:
-            context.update(stream_context(str(dispatch.id)))
+            context.update(stream_context(str(dispatch.id), dispatch.tenant_id))
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )

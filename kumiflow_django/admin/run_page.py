@@ -26,7 +26,7 @@ from django.utils.safestring import SafeString
 from kumiflow_django.admin import structure
 from kumiflow_django.admin.display import duration, value_details, when
 from kumiflow_django.admin.picture import StepNote, find, render
-from kumiflow_django.admin.timeline import Line, lines
+from kumiflow_django.admin.timeline import Line, lines, stream_url
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import outline, snapshot
@@ -102,9 +102,8 @@ def _outbox_events(dispatches: list[Dispatch]) -> list[Event]:
     an operator's cancel or redelivery), in log order."""
     if not dispatches:
         return []
-    events = Event.objects.filter(stream_id__in=[str(d.id) for d in dispatches]).order_by(
-        "-position"
-    )[:TIMELINE_EVENTS]
+    streams = [(d.tenant_id, str(d.id)) for d in dispatches]
+    events = Event.objects.of_streams(streams).order_by("-position")[:TIMELINE_EVENTS]
     return list(reversed(events))
 
 
@@ -316,6 +315,6 @@ def context(run: WorkflowRun) -> dict[str, Any]:
         "definition_current": definition.current_fingerprint == run.fingerprint,
         "timeline": timeline,
         "timeline_capped": len(events) == TIMELINE_EVENTS,
-        "events_url": reverse("admin:kumiflow_event_changelist") + f"?stream={run.id}",
+        "events_url": stream_url(str(run.id), run.tenant_id),
         "dispatches_url": reverse("admin:kumiflow_dispatch_changelist") + f"?run={run.id}",
     }

@@ -149,7 +149,7 @@ class CronScheduleAdmin(ReadOnlyAdmin):
             ]
         }
         if schedule is not None:
-            context.update(stream_context(schedule.stream_id))
+            context.update(stream_context(schedule.stream_id, schedule.tenant_id))
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )

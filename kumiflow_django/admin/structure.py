@@ -121,9 +121,9 @@ def task_attempts(run: WorkflowRun) -> Attempts:
     tasks = tasks[:TASKS]
     if not tasks:
         return Attempts([], [], 0, False)
-    events = Event.objects.filter(
-        stream_id__in=[str(t.id) for t in tasks], type__in=_ATTEMPT_TYPES
-    ).order_by("-position")[:ATTEMPT_EVENTS]
+    streams = [(t.tenant_id, str(t.id)) for t in tasks]
+    events = Event.objects.of_streams(streams).filter(type__in=_ATTEMPT_TYPES)
+    events = events.order_by("-position")[:ATTEMPT_EVENTS]
     by_stream: dict[str, list[Event]] = defaultdict(list)
     for event in reversed(list(events)):
         by_stream[event.stream_id].append(event)

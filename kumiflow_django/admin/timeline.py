@@ -361,15 +361,17 @@ def lines(
 STREAM_EVENTS = 100
 
 
-def stream_context(stream_id: str) -> dict[str, Any]:
+def stream_url(stream_id: str, tenant: str) -> str:
+    """The event list of one stream: its id and its tenant name it."""
+    query = urlencode({"stream": stream_id, "tenant": tenant})
+    return f"{reverse('admin:kumiflow_event_changelist')}?{query}"
+
+
+def stream_context(stream_id: str, tenant: str) -> dict[str, Any]:
     """The timeline of one stream (a dispatch's, a schedule's) for its page."""
-    events = list(
-        reversed(Event.objects.filter(stream_id=stream_id).order_by("-version")[:STREAM_EVENTS])
-    )
+    events = list(reversed(Event.objects.for_stream(stream_id, tenant).reverse()[:STREAM_EVENTS]))
     return {
         "timeline": lines(events),
         "timeline_capped": len(events) == STREAM_EVENTS,
-        "events_url": reverse("admin:kumiflow_event_changelist")
-        + "?"
-        + urlencode({"stream": stream_id}),
+        "events_url": stream_url(stream_id, tenant),
     }

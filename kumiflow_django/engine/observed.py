@@ -38,10 +38,10 @@ if TYPE_CHECKING:
 _SUSPENDED = {RunStatus.WAITING, RunStatus.WAITING_EVENT, RunStatus.RETRY_SCHEDULED}
 
 
-def origin(run_id: object) -> dict[str, str] | None:
+def origin(run_id: object, tenant: str) -> dict[str, str] | None:
     """The trace context stored on a run's ``run-started`` event."""
     metadata = (
-        Event.objects.filter(stream_id=str(run_id), version=1)
+        Event.objects.filter(tenant_id=tenant, stream_id=str(run_id), version=1)
         .values_list("metadata", flat=True)
         .first()
     )
@@ -59,7 +59,7 @@ def _context(opening: Opening) -> tuple[telemetry.Carrier | None, list[telemetry
     """(parent, links) of a segment's span; see the module docstring."""
     if opening.new:
         return opening.trace, []
-    first = origin(opening.run_id)
+    first = origin(opening.run_id, opening.tenant)
     steps = opening.steps
     if steps is not None and steps.wake.reason == WakeReason.START:
         return first, []  # a deferred start: the run's first segment

@@ -317,7 +317,10 @@ def opening(
 def children_settled(run: WorkflowRun) -> dict[str, dict[str, Any]]:
     """The outcomes of the run's children that ended since it suspended."""
     events = Event.objects.filter(
-        stream_id=str(run.id), type=ev.CHILD_SETTLED, version__gt=run.suspended_version
+        tenant_id=run.tenant_id,
+        stream_id=str(run.id),
+        type=ev.CHILD_SETTLED,
+        version__gt=run.suspended_version,
     )
     return {
         p["child_id"]: {k: v for k, v in p.items() if k != "child_id"}

@@ -210,7 +210,9 @@ def refusals(opening: Opening) -> int:
     if opening.new:
         return 0
     last = (
-        Event.objects.filter(stream_id=str(opening.run_id), version=opening.version)
+        Event.objects.filter(
+            tenant_id=opening.tenant, stream_id=str(opening.run_id), version=opening.version
+        )
         .values_list("type", "payload")
         .first()
     )

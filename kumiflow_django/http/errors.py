@@ -66,8 +66,8 @@ def from_kumiflow(exc: KumiflowError, *, field: str | None = None) -> ApiError:
     ``field`` is the request field the caller knows the error to be about
     (an unknown workflow is about ``workflow``). An unknown workflow is a
     400, not a 404: the URL exists, the body names something that does not.
-    A stream of another tenant is a conflict: stream ids are unique across
-    tenants, so the append can never succeed for this caller.
+    ``TenantMismatch`` is no longer raised (a stream is its tenant's); its
+    conflict stays for code that still raises it.
     """
     if isinstance(exc, RunNotFound):
         return ApiError("not_found", "no such run", None)

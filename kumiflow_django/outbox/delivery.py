@@ -161,7 +161,7 @@ def _span(dispatch: Dispatch) -> Any:
     if not telemetry.tracing():
         return telemetry.NO_SPAN
     requested = (
-        Event.objects.filter(stream_id=str(dispatch.id), version=1)
+        Event.objects.filter(tenant_id=dispatch.tenant_id, stream_id=str(dispatch.id), version=1)
         .values_list("metadata", flat=True)
         .first()
     )

@@ -25,24 +25,27 @@ logger = get_logger("kumiflow_django.projections.rebuild")
 BATCH = 1000
 
 
-def _replay[M: models.Model](stream: Stream[M], types: Iterable[str]) -> int:
+def _replay[M: models.Model](kind: Stream[M], types: Iterable[str]) -> int:
     """Fold every stream of one kind from the log into fresh rows."""
-    model = stream.model
+    model = kind.model
     count = 0
     batch: list[M] = []
     current: M | None = None
-    stream_id: str | None = None
-    events = Event.objects.filter(type__in=list(types)).order_by("stream_id", "version")
+    stream: tuple[str, str] | None = None
+    # A stream is (tenant, stream id): the order of the log's unique index.
+    events = Event.objects.filter(type__in=list(types)).order_by(
+        "tenant_id", "stream_id", "version"
+    )
     for event in events.iterator(chunk_size=2000):
-        if event.stream_id != stream_id:
+        if (event.tenant_id, event.stream_id) != stream:
             if current is not None:
                 batch.append(current)
-            current, stream_id = None, event.stream_id
+            current, stream = None, (event.tenant_id, event.stream_id)
             if len(batch) >= BATCH:
                 model._default_manager.bulk_create(batch)
                 count += len(batch)
                 batch = []
-        current = stream.fold(current, event)
+        current = kind.fold(current, event)
     if current is not None:
         batch.append(current)
     model._default_manager.bulk_create(batch)
@@ -58,6 +61,7 @@ def _rebuild_waits() -> int:
     for run_id, tenant, version in waiting.values_list("id", "tenant_id", "version"):
         last = (
             Event.objects.filter(
+                tenant_id=tenant,
                 stream_id=str(run_id),
                 type__in=[ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED],
                 version__lte=version,

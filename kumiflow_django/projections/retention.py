@@ -266,9 +266,13 @@ class Retention:
                 ids = [run.id for run in runs]
                 owned, kept = self._owned(ids)
                 going = [run for run in runs if run.id not in kept]
-                streams = [str(run.id) for run in going]
+                # A stream is (tenant, id); the streams a run owns are in its tenant.
+                tenant = {run.id: run.tenant_id for run in runs}
+                streams = [(run.tenant_id, str(run.id)) for run in going]
                 for rows in owned.values():
-                    streams += [str(pk) for pk, run_id in rows if run_id not in kept]
+                    streams += [
+                        (tenant[run_id], str(pk)) for pk, run_id in rows if run_id not in kept
+                    ]
                 if writer is not None and going:
                     writer.write(self._records(going, owned, streams))
                     wrote = True
@@ -325,7 +329,7 @@ class Retention:
         self,
         going: Sequence[_Run],
         owned: dict[str, list[tuple[Any, uuid.UUID]]],
-        streams: Sequence[str],
+        streams: Sequence[tuple[str, str]],
     ) -> list[dict[str, Any]]:
         """One archive record per run: the run, and every event of its streams."""
         run_of = {str(run.id): str(run.id) for run in going}
@@ -333,7 +337,7 @@ class Retention:
             run_of.update({str(pk): str(run_id) for pk, run_id in rows})
         events: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for chunk in _chunks(streams):
-            for event in Event.objects.filter(stream_id__in=chunk).order_by("position"):
+            for event in Event.objects.of_streams(chunk).order_by("position"):
                 events[run_of[event.stream_id]].append(archive.event_to_dict(event))
         return [
             {
@@ -352,13 +356,13 @@ class Retention:
         going: Sequence[_Run],
         owned: dict[str, list[tuple[Any, uuid.UUID]]],
         kept: set[uuid.UUID],
-        streams: Sequence[str],
+        streams: Sequence[tuple[str, str]],
         report: RetentionReport,
     ) -> int:
         events = 0
         with erasure_permit():
             for chunk in _chunks(streams):
-                events += Event.objects.filter(stream_id__in=chunk).delete()[0]
+                events += Event.objects.of_streams(chunk).delete()[0]
         for name, rows in owned.items():
             pks = [pk for pk, run_id in rows if run_id not in kept]
             manager = owned_streams.get(name).stream.model._default_manager
@@ -436,24 +440,27 @@ class Restore:
             raise archive.ArchiveError(f"no stream kind {sorted(unknown)} is registered here")
         inserted = archive.put_back(events)
         if inserted:
-            refold({e.stream_id for e in inserted}, kinds)
+            refold({(e.tenant_id, e.stream_id) for e in inserted}, kinds)
         return len(inserted)
 
 
-def refold(stream_ids: Iterable[str], kinds: dict[str, Stream[Any]] | None = None) -> None:
-    """Replace the rows of these streams by the fold of their events in the log."""
+def refold(streams: Iterable[tuple[str, str]], kinds: dict[str, Stream[Any]] | None = None) -> None:
+    """Replace the rows of these streams, each ``(tenant, stream id)``, by the fold
+    of their events in the log."""
     kinds = kinds or _stream_kinds()
-    ids = sorted(stream_ids)
+    keys = sorted(streams)
     rows: dict[Stream[Any], list[Any]] = defaultdict(list)
-    for chunk in _chunks(ids):
+    for chunk in _chunks(keys):
         current: Any = None
-        current_id: str | None = None
+        current_key: tuple[str, str] | None = None
         kind: Stream[Any] | None = None
-        for event in Event.objects.filter(stream_id__in=chunk).order_by("stream_id", "version"):
-            if event.stream_id != current_id:
+        events = Event.objects.of_streams(chunk).order_by("tenant_id", "stream_id", "version")
+        for event in events:
+            if (event.tenant_id, event.stream_id) != current_key:
                 if kind is not None:
                     rows[kind].append(current)
-                current, current_id, kind = None, event.stream_id, kinds[event.stream_type]
+                current_key = (event.tenant_id, event.stream_id)
+                current, kind = None, kinds[event.stream_type]
             assert kind is not None
             current = kind.fold(current, event)
         if kind is not None:

@@ -6,8 +6,8 @@ at the stream's next versions, folded into the row in memory as they are
 added. :func:`write` then writes a set of changes together:
 
 1. every new event, of every stream, in one ``INSERT`` (the log's unique
-   ``(stream_id, version)`` is the guard: a concurrent writer makes it fail
-   with a version clash);
+   ``(tenant_id, stream_id, version)`` is the guard: a concurrent writer
+   makes it fail with a version clash);
 2. every new row, one ``INSERT`` per model;
 3. every changed row with one ``UPDATE`` of the columns that changed,
    conditional on the version it was read at (:class:`StaleRow` when

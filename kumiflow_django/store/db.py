@@ -79,7 +79,7 @@ def for_update[M: Model](qs: QuerySet[M, M], *, skip_locked: bool = False) -> Qu
 
 
 #: The unique constraint that is the log's version guard.
-VERSION_CONSTRAINT = "kumiflow_event_stream_version_uq"
+VERSION_CONSTRAINT = "kumiflow_event_tenant_stream_version_uq"
 
 # PostgreSQL SQLSTATEs: serialization failure, deadlock, lock not available,
 # admin/crash shutdown, cannot connect now, connection exceptions, idle timeouts.
@@ -107,7 +107,8 @@ def is_version_clash(error: BaseException) -> bool:
     text = str(error)
     return (
         VERSION_CONSTRAINT in text  # MariaDB/MySQL name the unique key
-        or "kumiflow_event.stream_id, kumiflow_event.version" in text  # SQLite names columns
+        # SQLite names the columns
+        or "kumiflow_event.tenant_id, kumiflow_event.stream_id, kumiflow_event.version" in text
     )
 
 

@@ -60,7 +60,8 @@ class VersionConflict(KumiflowError):
 
 
 class TenantMismatch(KumiflowError):
-    """The stream belongs to another tenant."""
+    """Never raised any more: a stream is its tenant's, and the same stream id
+    in another tenant is another stream. Kept so that code catching it imports."""
 
     def __init__(self, stream_id: str, tenant: str) -> None:
         self.stream_id = stream_id

@@ -6,8 +6,14 @@ version, tenant), run in one transaction (a savepoint inside the caller's),
 and send ``event_appended`` for every event once it is inserted, so
 receivers act in the same transaction.
 
+A stream is a tenant's: ``(tenant, stream id)`` names it, and the same id
+in two tenants is two streams with their own versions. Every read and write
+of a stream here names its tenant.
+
 Streams of runs, dispatches and cron schedules belong to the engine, which
-writes them through :func:`insert`; applications cannot append to them.
+writes them through :func:`insert`; applications cannot append to them. An
+engine stream of another tenant is not there for an application: an append
+to its id goes to the appender's own stream of that id, as for any id.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from kumiflow_django.store import clock, db, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import sql as rowsql
 from kumiflow_django.store.db import is_version_clash
-from kumiflow_django.store.errors import InvalidEvent, TenantMismatch, VersionConflict
+from kumiflow_django.store.errors import InvalidEvent, VersionConflict
 from kumiflow_django.store.immutability import erasure_permit
 from kumiflow_django.store.models import Event, EventQuerySet, allow_writes
 from kumiflow_django.store.values import to_json
@@ -246,26 +252,26 @@ def append_events(
             )
         except _Clash:
             if expected_version is not None:
-                raise VersionConflict(sid, expected_version, _head(sid)[1]) from None
+                raise VersionConflict(sid, expected_version, _head(sid, tenant_id)[0]) from None
             logger.debug("stream %s: a concurrent append won (attempt %d); again", sid, attempt)
             # Back off a little, at random, so that many writers of one hot
             # stream stop meeting each other (bounded: 50 ms at most).
             time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
-    raise VersionConflict(sid, _head(sid)[1], None)
+    raise VersionConflict(sid, _head(sid, tenant_id)[0], None)
 
 
 class _Clash(Exception):
     """Another writer inserted the version this append was about to take."""
 
 
-def _head(sid: str, *, lock: bool = False) -> tuple[str | None, int, str]:
-    """(tenant, version, stream type) of a stream's last event; (None, 0, "") if it has none."""
-    qs = Event.objects.filter(stream_id=sid).order_by("-version")
+def _head(sid: str, tenant_id: str, *, lock: bool = False) -> tuple[int, str]:
+    """(version, stream type) of the tenant's stream's last event; (0, "") if it has none."""
+    qs = Event.objects.filter(tenant_id=tenant_id, stream_id=sid).order_by("-version")
     if lock and db.connection().features.has_select_for_update:
         # A locking read sees the latest committed row also under REPEATABLE READ.
         qs = qs.select_for_update()
-    row = qs.values_list("tenant_id", "version", "stream_type").first()
-    return row if row is not None else (None, 0, "")
+    row = qs.values_list("version", "stream_type").first()
+    return row if row is not None else (0, "")
 
 
 def _append_once(
@@ -278,14 +284,12 @@ def _append_once(
     retrying: bool,
 ) -> list[Event]:
     with db.atomic():
-        head_tenant, current, head_type = _head(sid, lock=retrying)
+        current, head_type = _head(sid, tenant_id, lock=retrying)
         if head_type in ENGINE_STREAM_TYPES:
             raise InvalidEvent(
                 f"stream {sid!r} is the engine's own ({head_type}); "
                 "applications cannot append to it"
             )
-        if head_tenant is not None and head_tenant != tenant_id:
-            raise TenantMismatch(sid, tenant_id)
         if expected_version is not None and expected_version != current:
             raise VersionConflict(sid, expected_version, current)
         now = clock.now()

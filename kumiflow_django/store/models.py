@@ -84,6 +84,19 @@ class EventQuerySet(models.QuerySet["Event", "Event"]):
     def for_stream(self, stream_id: str, tenant: str) -> EventQuerySet:
         return self.filter(stream_id=stream_id, tenant_id=tenant).order_by("version")
 
+    def of_streams(self, streams: Iterable[tuple[str, str]]) -> EventQuerySet:
+        """The events of these streams, each a ``(tenant, stream id)``: a stream id
+        names a stream only with its tenant (one ``IN`` list per tenant)."""
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, stream_id in streams:
+            by_tenant.setdefault(tenant, []).append(stream_id)
+        if not by_tenant:
+            return self.none()
+        condition = models.Q()
+        for tenant, ids in by_tenant.items():
+            condition |= models.Q(tenant_id=tenant, stream_id__in=ids)
+        return self.filter(condition)
+
 
 class Event(models.Model):
     """One event: a fact that happened, in a stream, at a version."""
@@ -110,11 +123,12 @@ class Event(models.Model):
         verbose_name_plural = _("events")
         ordering = ["position"]
         constraints = [
-            # One version per stream, whatever the tenant: a stream id belongs to
-            # one tenant, and two tenants creating the same new stream at once
-            # cannot both succeed. Also the version guard of every append.
+            # One version per stream, and a stream is (tenant, stream id): the
+            # same id in two tenants is two streams. The version guard of every
+            # append, and the index of every read of one stream.
             models.UniqueConstraint(
-                fields=["stream_id", "version"], name="kumiflow_event_stream_version_uq"
+                fields=["tenant_id", "stream_id", "version"],
+                name="kumiflow_event_tenant_stream_version_uq",
             ),
             models.CheckConstraint(
                 condition=models.Q(version__gte=1), name="kumiflow_event_version_gte_1"

@@ -315,12 +315,61 @@ def test_a_refused_append_is_a_400_or_409(api, body, status, field):
     assert not Event.objects.exists()
 
 
-def test_a_stream_of_another_tenant_is_a_conflict(token_client):
-    token_client(tenant="acme").post_json(f"{API}events/", {"stream_id": "s-1", "type": "t"})
-    response = token_client().post_json(f"{API}events/", {"stream_id": "s-1", "type": "t"})
-    assert response.status_code == 409
-    assert "another tenant" in error(response)["message"]
-    assert "acme" not in error(response)["message"]
+def test_one_tenants_append_does_not_block_anothers_stream_of_the_same_id(token_client, registry):
+    """Streams are per tenant: acme's event on ORD-6388e4 used to make the
+    default tenant's own event on it a 409, and its run waiting for it waited on."""
+    from kumiflow_django.testing import run_until_idle
+
+    define_workflow(
+        "paid",
+        trigger=on_event("checkout.done"),
+        steps=[
+            s.wait_for_event("payment.received", match={"stream_id": lambda c: "ORD-6388e4"}),
+            s.return_("paid"),
+        ],
+    )
+    acme, ours = token_client(tenant="acme"), token_client()
+    ours.post_json(f"{API}events/", {"stream_id": "cart-1", "type": "checkout.done"})
+    run = WorkflowRun.objects.get(tenant_id="default")
+
+    body = {"stream_id": "ORD-6388e4", "type": "payment.received"}
+    theirs = acme.post_json(f"{API}events/", body)
+    assert (theirs.status_code, theirs.json()["version"]) == (201, 1)
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING_EVENT, "acme's event is not ours"
+
+    mine = ours.post_json(f"{API}events/", body)
+    assert mine.status_code == 201, mine.content
+    assert (mine.json()["version"], mine.json()["tenant"]) == (1, "default")
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("extra", [{}, {"expected_version": 0}, {"expected_version": 4}])
+def test_another_tenants_run_id_is_answered_as_a_random_id(token_client, registry, extra):
+    """Before, a foreign run id answered 400 "the engine's own", a random id 201."""
+    import uuid
+
+    define_workflow("napper", steps=[s.wait("PT1H"), s.return_(1)])
+    foreign = start_workflow("napper", tenant="acme")
+    api = token_client()
+
+    def answer(stream_id):
+        response = api.post_json(f"{API}events/", {"stream_id": stream_id, "type": "t", **extra})
+        body = response.json()
+        if response.status_code == 201:
+            unique = ("position", "event_id", "created_at")
+            body = {k: v for k, v in body.items() if k not in unique}
+            assert body.pop("stream_id") == stream_id
+        else:
+            body["error"]["message"] = body["error"]["message"].replace(stream_id, "<id>")
+        return response.status_code, body
+
+    assert answer(str(foreign.id)) == answer(str(uuid.uuid4()))
+    foreign.refresh_from_db()
+    assert (foreign.status, foreign.version) == (RunStatus.WAITING, 2), "a's run is untouched"
 
 
 def test_operations_a_run_state_does_not_allow_are_409(api, registry):
