@@ -124,8 +124,6 @@ class WorkflowRun(models.Model):
     )
     version = models.PositiveIntegerField(_("stream version"))
     recoveries = models.PositiveIntegerField(_("stalled recoveries"), default=0)
-    # Operational, not projected from the log: which worker is running the
-    # run's next segment, until when. Cleared when the segment commits.
     # A child run: the run that started it (its parent), the first run of its
     # tree (its root), the parent's step, whether the parent waits for its end,
     # and whether cancelling the parent cancels it.
@@ -155,6 +153,8 @@ class WorkflowRun(models.Model):
     rate_key = models.CharField(_("rate key"), max_length=limits.FLOW_KEY, blank=True)
     held_by = models.CharField(_("held by"), max_length=20, blank=True)
     debounce_key = models.CharField(_("debounce key"), max_length=limits.FLOW_KEY, blank=True)
+    # Operational, not projected from the log: which worker is running the
+    # run's next segment, until when. Cleared when the segment commits.
     lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
     lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"))
@@ -223,6 +223,32 @@ class WorkflowRun(models.Model):
     @property
     def cursor_text(self) -> str:
         return ".".join(str(p) for p in self.cursor) if self.cursor else ""
+
+
+# -- who writes which column --------------------------------------------------
+#
+# The fold owns the row, with two exceptions, both the scheduler's business
+# (the resume loop, flow control, the rebuild's recheck): the lease, and when a
+# queued run is checked again and what holds it. tests/test_run_columns.py
+# records every write to the table and holds each writer to its columns.
+
+#: A worker's lease on the run's next segment: not in the log, never folded,
+#: never rebuilt. Only the scheduler sets it; a committed segment ends it (the
+#: fold's write clears both in the same UPDATE).
+SCHEDULER_COLUMNS = frozenset({"lease_owner", "lease_until"})
+#: Folded from the log (a start held by flow control, a suspension's wake
+#: time, an admission), and re-set by the scheduler while the run is queued:
+#: when it is checked again, and what holds it now (the log says only that it
+#: is queued; flow control parks, wakes and re-checks it).
+PARKED_COLUMNS = frozenset({"wake_at", "held_by"})
+#: Every other column: the fold's alone, written only through
+#: :mod:`kumiflow_django.projections.stream` (a ``Change`` of :data:`RUNS`)
+#: and by the rebuild's replay of the log.
+FOLD_COLUMNS = (
+    frozenset(f.column for f in WorkflowRun._meta.concrete_fields)
+    - SCHEDULER_COLUMNS
+    - PARKED_COLUMNS
+)
 
 
 # -- the fold ---------------------------------------------------------------
