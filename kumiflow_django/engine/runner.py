@@ -39,6 +39,7 @@ from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
@@ -78,7 +79,7 @@ class Opening:
     run_id: uuid.UUID
     tenant: str
     row: WorkflowRun | None
-    first: list[tuple[str, dict[str, Any]]]
+    first: list[tuple[str, pl.Payload]]
     steps: Steps | None = None
     failure: Failure | None = None
     key: str | None = None
@@ -196,8 +197,8 @@ def start_child(
 
 def _record(
     opening: Opening,
-    first: list[tuple[str, dict[str, Any]]],
-    closing: tuple[str, dict[str, Any]],
+    first: list[tuple[str, pl.Payload]],
+    closing: tuple[str, pl.Payload],
     failure: Failure | None = None,
 ) -> WorkflowRun | None:
     """Write ``first`` and ``closing`` in a transaction of their own, at the
@@ -242,14 +243,12 @@ def _refuse(opening: Opening, error: Exception) -> WorkflowRun | None:
             attempt,
             text,
         )
-        closing = (
-            ev.RUN_FAILED,
-            {
-                "reason": ev.UNSTORABLE_STATE,
-                "error": f"the database refused to store the run's segment {attempt} times: {text}",
-                "trail": [],
-            },
-        )
+        failed: pl.RunFailed = {
+            "reason": ev.UNSTORABLE_STATE,
+            "error": f"the database refused to store the run's segment {attempt} times: {text}",
+            "trail": [],
+        }
+        closing: tuple[str, pl.Payload] = (ev.RUN_FAILED, failed)
     else:
         delay: timedelta = REFUSAL_BACKOFF.delay(attempt)
         logger.warning(
@@ -258,7 +257,7 @@ def _refuse(opening: Opening, error: Exception) -> WorkflowRun | None:
             text,
             delay.total_seconds(),
         )
-        payload: dict[str, Any] = {
+        payload: pl.SegmentRefused = {
             "attempt": attempt,
             "error": text,
             "retry_at": isoformat(clock.now() + delay),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -193,7 +193,7 @@ def metadata(run_id: uuid.UUID | None) -> dict[str, str]:
 
 
 def append(
-    dispatch: Dispatch, type_: str, payload: dict[str, Any], *, created_by: str = ""
+    dispatch: Dispatch, type_: str, payload: pl.Payload, *, created_by: str = ""
 ) -> Dispatch:
     """Append one event to a dispatch's stream at its next version, fold it and
     write it, in the caller's transaction. A concurrent writer makes it fail

@@ -7,7 +7,7 @@ projection of its stream (``cron:<workflow>``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -171,7 +171,7 @@ def append(
     workflow: str,
     tenant: str,
     type_: str,
-    payload: dict[str, Any],
+    payload: pl.Payload,
     *,
     created_by: str = "",
 ) -> CronSchedule:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -300,36 +300,38 @@ def opened(
     trace = telemetry.carrier() if requests else None
     for request in requests:
         change = Change(TASKS, str(request.id), tenant, None, now=now, metadata=metadata(run_id))
-        change.add(
-            ev.TASK_REQUESTED,
-            {
-                "run_id": str(run_id),
-                "workflow": workflow,
-                "step": request.step,
-                "name": request.name,
-                "function": request.function,
-                "backend": request.backend,
-                "queue": request.queue,
-                "priority": request.priority,
-                "args": request.args,
-                "retry": request.retry,
-                "non_retryable": list(request.non_retryable),
-                "timeout": request.timeout,
-                "heartbeat_timeout": request.heartbeat_timeout,
-            }
-            | ({"trace": trace} if trace else {})
-            | ({"flow": request.flow} if request.flow else {}),
-        )
+        requested: pl.TaskRequested = {
+            "run_id": str(run_id),
+            "workflow": workflow,
+            "step": request.step,
+            "name": request.name,
+            "function": request.function,
+            "backend": request.backend,
+            "queue": request.queue,
+            "priority": request.priority,
+            "args": request.args,
+            "retry": request.retry,
+            "non_retryable": list(request.non_retryable),
+            "timeout": request.timeout,
+            "heartbeat_timeout": request.heartbeat_timeout,
+        }
+        if trace:
+            requested["trace"] = trace
+        if request.flow:
+            requested["flow"] = request.flow
+        change.add(ev.TASK_REQUESTED, requested)
         if request.problem:
-            change.add(
-                ev.TASK_FAILED,
-                {"attempt": 0, "error": request.problem, "error_type": "InvalidEvent"},
-            )
+            failed: pl.TaskFailed = {
+                "attempt": 0,
+                "error": request.problem,
+                "error_type": "InvalidEvent",
+            }
+            change.add(ev.TASK_FAILED, failed)
         changes.append(change)
     return changes
 
 
-def append(task: StepTask, type_: str, payload: dict[str, Any]) -> StepTask:
+def append(task: StepTask, type_: str, payload: pl.Payload) -> StepTask:
     """Append one event to a task's stream at its next version, fold it and write
     it, in the caller's transaction (a concurrent writer makes it fail with a
     version clash or :class:`~kumiflow_django.projections.stream.StaleRow`)."""

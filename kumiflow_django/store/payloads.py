@@ -13,9 +13,13 @@ operator actions are added by :func:`kumiflow_django.store.audit.audited`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
 from kumiflow_django.store import names as ev
+
+#: Some event's payload, where the type is not known (any of the ones below).
+Payload = Mapping[str, Any]
 
 # -- parts ------------------------------------------------------------------
 
@@ -69,6 +73,12 @@ class EventRef(TypedDict):
 #: The worker whose lease on the run ran out (``from`` is a keyword: the
 #: functional syntax).
 Recovered = TypedDict("Recovered", {"from": str, "lease_until": str | None})
+
+
+class Gaps(TypedDict, total=False):
+    """Positions below a wait's cut-off still in flight when it began."""
+
+    gaps: list[int]
 
 
 class BranchWait(TypedDict):
