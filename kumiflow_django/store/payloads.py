@@ -11,8 +11,6 @@ Keys the engine always writes are required; the others are ``NotRequired``
 operator actions are added by :func:`kumiflow_django.store.audit.audited`.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
