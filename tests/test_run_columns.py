@@ -60,7 +60,11 @@ _ASSIGNED = re.compile(r"[`\"](\w+)[`\"]\s*=\s*(%s|NULL)?")
 
 #: The fold's write path: a ``Change`` written by ``projections.stream``, and
 #: the rebuild's replay of the log through the same fold.
-FOLD_PATH = {("projections/stream.py", "write"), ("projections/rebuild.py", "_replay")}
+FOLD_PATH = {
+    ("projections/stream.py", "write"),
+    ("projections/stream.py", "_update"),
+    ("projections/rebuild.py", "_replay"),
+}
 
 #: The scheduler: the code that may write SCHEDULER_COLUMNS and PARKED_COLUMNS.
 SCHEDULER = {
@@ -85,7 +89,7 @@ class Write:
     kind: str  # "insert" or "update"
     columns: dict[str, Any]  # column: value (an INSERT: the columns only, values None)
     writer: tuple[str, str]  # the innermost frame of the package, outside store/sql.py
-    fold: bool
+    fold: bool  # written by the fold's write path
 
     def __str__(self) -> str:
         where = "fold" if self.fold else ":".join(self.writer)
@@ -114,8 +118,10 @@ class Recorder:
         insert = None if update else _INSERT.match(sql)
         if update or insert:
             frames = [f for f in _frames() if f[0] != "store/sql.py"]
-            fold = any(f in FOLD_PATH for f in frames)
+            # The innermost frame: a scheduler's write made inside a Change's
+            # announcement of its events is the scheduler's, not the fold's.
             writer = frames[0] if frames else ("?", "?")
+            fold = writer in FOLD_PATH
             if update:
                 given = iter(params or ())
                 columns = {
