@@ -26,6 +26,7 @@ from kumiflow_django.projections.runs import COMPENSATE, Compensation, WorkflowR
 from kumiflow_django.steps.control import Suspend
 from kumiflow_django.steps.runner import run_steps
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 
 
 def active(cursor: list[Any] | None) -> bool:
@@ -37,24 +38,24 @@ def pending(state: dict[str, Any] | None) -> list[dict[str, Any]]:
     return list((state or {}).get("compensations") or [])
 
 
-def start(row: WorkflowRun, failure: Failure) -> tuple[str, dict[str, Any]] | None:
+def start(row: WorkflowRun, failure: Failure) -> tuple[str, pl.CompensationStarted] | None:
     """The event that starts compensating instead of failing ``row`` (None: fail it)."""
     if not failure.compensable or active(row.cursor) or not pending(row.state):
         return None
     return begin(row, then="failed", reason=failure.reason, error=failure.error)
 
 
-def begin(row: WorkflowRun, *, then: str, reason: str, error: str) -> tuple[str, dict[str, Any]]:
-    return (
-        ev.COMPENSATION_STARTED,
-        {
-            "then": then,
-            "reason": reason,
-            "error": error[:2000],
-            "steps": [entry["path"] for entry in reversed(pending(row.state))],
-            "state": row.state,
-        },
-    )
+def begin(
+    row: WorkflowRun, *, then: str, reason: str, error: str
+) -> tuple[str, pl.CompensationStarted]:
+    started: pl.CompensationStarted = {
+        "then": then,
+        "reason": reason,
+        "error": error[:2000],
+        "steps": [entry["path"] for entry in reversed(pending(row.state))],
+        "state": row.state,
+    }
+    return ev.COMPENSATION_STARTED, started
 
 
 def check(workflow: Workflow, cursor: list[Any], state: dict[str, Any]) -> None:
@@ -91,20 +92,22 @@ def run(workflow: Workflow, ctx: Context, cursor: list[Any]) -> None:
         k += 1
 
 
-def ended(state: dict[str, Any], trail: list[str]) -> tuple[str, dict[str, Any]]:
+def ended(state: dict[str, Any], trail: list[str]) -> tuple[str, pl.Payload]:
     """The run's closing event once every compensation ran."""
     info = state.get("compensating") or {}
     if info.get("then") == "cancelled":
-        return ev.RUN_CANCELLED, {
+        cancelled: pl.RunCancelled = {
             "reason": info.get("error") or "cancelled",
             "compensation": Compensation.COMPENSATED,
         }
-    return ev.RUN_FAILED, {
+        return ev.RUN_CANCELLED, cancelled
+    failed: pl.RunFailed = {
         "error": info.get("error") or "",
         "reason": info.get("reason") or ev.STEP_FAILED,
         "trail": trail,
         "compensation": Compensation.COMPENSATED,
     }
+    return ev.RUN_FAILED, failed
 
 
 def failed(state: dict[str, Any], error: str, path: list[Any], trail: list[str]) -> Failure:

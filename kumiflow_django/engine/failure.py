@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kumiflow_django.store import limits
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.values import clean_text
 
 
@@ -33,9 +34,9 @@ class Failure(Exception):
     def __str__(self) -> str:
         return f"{self.reason}: {self.error}"
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> pl.RunFailed:
         """The ``run-failed`` event's payload."""
-        payload: dict[str, Any] = {
+        payload: pl.RunFailed = {
             "error": clean_text(self.error, 2000),
             "reason": self.reason,
             "trail": self.trail or [],

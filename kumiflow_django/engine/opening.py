@@ -17,6 +17,7 @@ from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.flow.admission import Pending
 from kumiflow_django.projections.runs import WorkflowRun
+from kumiflow_django.store import payloads as pl
 
 #: How deeply segments are nested in this thread (a step that appends an
 #: event, or a child step, may start or wake another run inside the same
@@ -52,7 +53,7 @@ class Opening:
     run_id: uuid.UUID
     tenant: str
     row: WorkflowRun | None
-    first: list[tuple[str, dict[str, Any]]]
+    first: list[tuple[str, pl.Payload]]
     steps: Steps | None = None
     failure: Failure | None = None
     key: str | None = None

@@ -49,6 +49,7 @@ from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import RunWait
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger, run_log_fields
@@ -80,7 +81,7 @@ def resume_run(
     wake: Wake | None = None,
     skip_locked: bool = False,
     expected_version: int | None = None,
-    recovered: dict[str, Any] | None = None,
+    recovered: pl.Recovered | None = None,
 ) -> WorkflowRun | None:
     """Continue a suspended run that is due (or that ``wake.event`` satisfies).
 
@@ -121,7 +122,7 @@ def resume_run(
     return updated
 
 
-def _admitted(run: WorkflowRun, recovered: dict[str, Any] | None) -> Prepared:
+def _admitted(run: WorkflowRun, recovered: pl.Recovered | None) -> Prepared:
     """A due queued run: its first segment if flow control admits it now, else
     it is parked again (nothing is written to its stream)."""
     workflow = _definition(run)
@@ -247,7 +248,7 @@ def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
 def opening(
     run: WorkflowRun,
     wake: Wake | None,
-    recovered: dict[str, Any] | None = None,
+    recovered: pl.Recovered | None = None,
     *,
     workflow: Workflow | None = None,
     flow_entry: Pending | None = None,
@@ -258,10 +259,10 @@ def opening(
     if isinstance(found, Failure):  # nothing runs: no step.resumed
         return Opening(run.id, run.tenant_id, run, first=[], failure=found)
     workflow = found
-    gave_up = (
-        [(ev.RUN_ADMITTED, {"held_by": run.held_by})]
+    gave_up: list[tuple[str, pl.Payload]] = (
+        [(ev.RUN_ADMITTED, pl.RunAdmitted(held_by=run.held_by))]
         if run.status == RunStatus.QUEUED
-        else [(ev.STEP_RESUMED, {"cursor": run.cursor})]
+        else [(ev.STEP_RESUMED, pl.StepResumed(cursor=run.cursor))]
     )
     try:
         state = check_state(copy.deepcopy(run.state))
@@ -283,7 +284,7 @@ def opening(
     except Failure as failure:
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     if run.status == RunStatus.QUEUED:  # admitted: its first segment
-        admitted: dict[str, Any] = {"held_by": run.held_by}
+        admitted: pl.RunAdmitted = {"held_by": run.held_by}
         if workflow.fingerprint != run.fingerprint:  # queued across a deploy
             admitted["fingerprint"] = workflow.fingerprint
             admitted["version"] = workflow.version
@@ -297,7 +298,7 @@ def opening(
             steps=Steps(workflow, trigger, cursor=None, state=state, wake=actual),
             flow_entry=flow_entry,
         )
-    resumed: dict[str, Any] = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
+    resumed: pl.StepResumed = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
     if recovered:
         resumed["recovered"] = recovered
     if actual.event is not None:
@@ -437,10 +438,10 @@ def mark_matched(run_id: uuid.UUID, event: Event) -> None:
         try:
             with db.atomic():
                 segment = Segment(run.id, run.tenant_id, run)
-                segment.add(
-                    ev.EVENT_MATCHED,
-                    {"event": {"position": event.position, "event_id": str(event.event_id)}},
-                )
+                matched: pl.EventMatched = {
+                    "event": {"position": event.position, "event_id": str(event.event_id)}
+                }
+                segment.add(ev.EVENT_MATCHED, matched)
                 segment.write()
         except (IntegrityError, StaleRow):
             return

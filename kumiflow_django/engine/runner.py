@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import WakeReason
@@ -39,6 +38,7 @@ from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
@@ -130,8 +130,8 @@ def start(run_start: RunStart) -> WorkflowRun | None:
 
 def _record(
     opening: Opening,
-    first: list[tuple[str, dict[str, Any]]],
-    closing: tuple[str, dict[str, Any]],
+    first: list[tuple[str, pl.Payload]],
+    closing: tuple[str, pl.Payload],
     failure: Failure | None = None,
 ) -> WorkflowRun | None:
     """Write ``first`` and ``closing`` in a transaction of their own, at the
@@ -176,14 +176,12 @@ def _refuse(opening: Opening, error: Exception) -> WorkflowRun | None:
             attempt,
             text,
         )
-        closing = (
-            ev.RUN_FAILED,
-            {
-                "reason": ev.UNSTORABLE_STATE,
-                "error": f"the database refused to store the run's segment {attempt} times: {text}",
-                "trail": [],
-            },
-        )
+        failed: pl.RunFailed = {
+            "reason": ev.UNSTORABLE_STATE,
+            "error": f"the database refused to store the run's segment {attempt} times: {text}",
+            "trail": [],
+        }
+        closing: tuple[str, pl.Payload] = (ev.RUN_FAILED, failed)
     else:
         delay: timedelta = REFUSAL_BACKOFF.delay(attempt)
         logger.warning(
@@ -192,7 +190,7 @@ def _refuse(opening: Opening, error: Exception) -> WorkflowRun | None:
             text,
             delay.total_seconds(),
         )
-        payload: dict[str, Any] = {
+        payload: pl.SegmentRefused = {
             "attempt": attempt,
             "error": text,
             "retry_at": isoformat(clock.now() + delay),

@@ -54,6 +54,7 @@ from kumiflow_django.steps.control import (
 from kumiflow_django.steps.runner import run_steps
 from kumiflow_django.store import clock, limits
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.models import Event
@@ -80,7 +81,7 @@ class Segment:
         #: Set by the runner: a new run admitted in this segment (flow control).
         self.flow_entry: Pending | None = None
 
-    def add(self, type_: str, payload: dict[str, Any], *, created_by: str = "") -> Event:
+    def add(self, type_: str, payload: pl.Payload, *, created_by: str = "") -> Event:
         return self.run.add(type_, payload, created_by=created_by)
 
     @property
@@ -236,10 +237,10 @@ def advance(
     segment.add(ev.RUN_COMPLETED, _completed(None, ctx))
 
 
-def _completed(result: Any, ctx: Context) -> dict[str, Any]:
+def _completed(result: Any, ctx: Context) -> pl.RunCompleted:
     """The ``run-completed`` payload: the result, and for the console the steps
     run, their results (capped) and how long they took."""
-    payload: dict[str, Any] = {"result": result, "trail": _trail(ctx)}
+    payload: pl.RunCompleted = {"result": result, "trail": _trail(ctx)}
     if ctx.steps:
         payload["steps"] = capped_steps(ctx.steps)
     if ctx.durations:
@@ -285,7 +286,7 @@ def _iso(when: datetime | None) -> str | None:
     return isoformat(when) if when is not None else None
 
 
-def _branch_wait(branch: str, wait: EventWait) -> dict[str, Any]:
+def _branch_wait(branch: str, wait: EventWait) -> pl.BranchWait:
     """One event a branch awaits, as the run's ``RunWait`` rows index it."""
     return {
         "branch": branch[: limits.STEP_PATH],
@@ -293,12 +294,17 @@ def _branch_wait(branch: str, wait: EventWait) -> dict[str, Any]:
         "correlation_key": wait.correlation_key,
         "match": wait.match,
         "after": wait.after,
-        **({"gaps": list(wait.gaps)} if wait.gaps is not None else {}),
+        **_gaps(wait),
     }
 
 
+def _gaps(wait: EventWait) -> pl.Gaps:
+    """A wait's gaps, only when it has any list (an empty one too)."""
+    return {"gaps": list(wait.gaps)} if wait.gaps is not None else {}
+
+
 def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
-    payload: dict[str, Any] = {
+    payload: pl.Suspended = {
         "cursor": suspend.cursor,
         "state": _state(ctx, suspend),
         "trail": _trail(ctx),
@@ -312,51 +318,48 @@ def _suspend(segment: Segment, ctx: Context, suspend: Suspend) -> None:
         # A child that ended already (a keyed one): the run goes on at once.
         due = ctx.now if any(child in settled for child in awaited) else None
         if isinstance(wait, ChildWait):
-            segment.add(
-                ev.STEP_WAITING_FOR_CHILD,
-                payload | {"child_id": wait.child_id, "wake_at": _iso(due)},
-            )
+            for_child: pl.StepWaitingForChild = {
+                **payload,
+                "child_id": wait.child_id,
+                "wake_at": _iso(due),
+            }
+            segment.add(ev.STEP_WAITING_FOR_CHILD, for_child)
         else:
             when = (
                 min(w for w in (wait.wake_at, due) if w is not None)
                 if (wait.wake_at or due)
                 else None
             )
-            segment.add(
-                ev.STEP_WAITING_BRANCHES,
-                payload
-                | {
-                    "wake_at": _iso(when),
-                    "waits": [_branch_wait(branch, w) for branch, w in wait.events],
-                    "children": awaited,
-                },
-            )
+            branches: pl.StepWaitingBranches = {
+                **payload,
+                "wake_at": _iso(when),
+                "waits": [_branch_wait(branch, w) for branch, w in wait.events],
+                "children": awaited,
+            }
+            segment.add(ev.STEP_WAITING_BRANCHES, branches)
     elif isinstance(wait, TimerWait):
-        segment.add(ev.STEP_WAITING, payload | {"wake_at": isoformat(wait.wake_at)})
+        timer: pl.StepWaiting = {**payload, "wake_at": isoformat(wait.wake_at)}
+        segment.add(ev.STEP_WAITING, timer)
     elif isinstance(wait, EventWait):
-        segment.add(
-            ev.STEP_WAITING_FOR_EVENT,
-            payload
-            | {
-                "event_type": wait.event_type,
-                "match": wait.match,
-                "correlation_key": wait.correlation_key,
-                "timeout_at": isoformat(wait.timeout_at) if wait.timeout_at else None,
-                "after": wait.after,
-                **({"gaps": list(wait.gaps)} if wait.gaps is not None else {}),
-            },
-        )
+        for_event: pl.StepWaitingForEvent = {
+            **payload,
+            "event_type": wait.event_type,
+            "match": wait.match,
+            "correlation_key": wait.correlation_key,
+            "timeout_at": isoformat(wait.timeout_at) if wait.timeout_at else None,
+            "after": wait.after,
+            **_gaps(wait),
+        }
+        segment.add(ev.STEP_WAITING_FOR_EVENT, for_event)
     else:
-        segment.add(
-            ev.RETRY_SCHEDULED,
-            payload
-            | {
-                "wake_at": isoformat(wait.wake_at),
-                "attempt": wait.attempt,
-                "max_attempts": wait.max_attempts,
-                "error": wait.error,
-            },
-        )
+        retry: pl.RetryScheduled = {
+            **payload,
+            "wake_at": isoformat(wait.wake_at),
+            "attempt": wait.attempt,
+            "max_attempts": wait.max_attempts,
+            "error": wait.error,
+        }
+        segment.add(ev.RETRY_SCHEDULED, retry)
     logger.debug(
         "run %s suspended (%s) at %s",
         ctx.run.id,

@@ -18,6 +18,7 @@ from kumiflow_django.outbox.kinds import dispatch_kinds
 from kumiflow_django.projections.dispatches import DISPATCHES, Dispatch, metadata
 from kumiflow_django.projections.stream import Change
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store import telemetry
 
 
@@ -30,18 +31,17 @@ def opened(
         # telemetry: the segment's trace context, which the delivery continues
         meta = telemetry.stamp(metadata(run_id))
         change = Change(DISPATCHES, str(request.id), tenant, None, now=now, metadata=meta)
-        change.add(
-            ev.DISPATCH_REQUESTED,
-            {
-                "kind": request.kind,
-                "request": request.request,
-                "retry": request.retry,
-                "run_id": str(run_id),
-                "step": request.step,
-            },
-        )
+        requested: pl.DispatchRequested = {
+            "kind": request.kind,
+            "request": request.request,
+            "retry": request.retry,
+            "run_id": str(run_id),
+            "step": request.step,
+        }
+        change.add(ev.DISPATCH_REQUESTED, requested)
         problem = request.problem or dispatch_kinds.problem(request.kind, request.request)
         if problem:
-            change.add(ev.DISPATCH_FAILED, {"kind": request.kind, "attempt": 0, "error": problem})
+            failed: pl.DispatchFailed = {"kind": request.kind, "attempt": 0, "error": problem}
+            change.add(ev.DISPATCH_FAILED, failed)
         changes.append(change)
     return changes

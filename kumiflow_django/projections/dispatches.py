@@ -8,7 +8,8 @@ of the dispatch's stream (mail, webhook, or a registered kind).
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -17,6 +18,7 @@ from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections.stream import Change, Stream, write_one
 from kumiflow_django.store import clock, limits
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.models import EngineManager, Event
 
 
@@ -90,59 +92,94 @@ class Dispatch(models.Model):
 # -- the fold ---------------------------------------------------------------
 
 
+def _requested(event: Event) -> Dispatch:
+    p: pl.DispatchRequested = event.payload
+    return Dispatch(
+        id=uuid.UUID(event.stream_id),
+        tenant_id=event.tenant_id,
+        run_id=uuid.UUID(p["run_id"]) if p.get("run_id") else None,
+        step_path=p.get("step", ""),
+        kind=p["kind"],
+        status=DispatchStatus.PENDING,
+        request=p["request"],
+        retry=p.get("retry") or {},
+        attempts=0,
+        next_attempt_at=event.created_at,
+        created_at=event.created_at,
+    )
+
+
+def _attempt_started(dispatch: Dispatch, event: Event) -> None:
+    # A lease: if the dispatcher dies while delivering, the row is due
+    # again when it runs out, and another attempt is made.
+    p: pl.DispatchAttemptStarted = event.payload
+    dispatch.attempts = p["attempt"]
+    dispatch.next_attempt_at = parse_instant(p["lease_until"])
+
+
+def _attempt_failed(dispatch: Dispatch, event: Event) -> None:
+    p: pl.DispatchAttemptFailed = event.payload
+    dispatch.status = DispatchStatus.FAILED
+    dispatch.attempts = p["attempt"]
+    dispatch.last_error = p["error"]
+    dispatch.last_status_code = p.get("status_code")
+    dispatch.next_attempt_at = parse_instant(p["next_attempt_at"])
+
+
+def _delivered(dispatch: Dispatch, event: Event) -> None:
+    p: pl.Dispatched = event.payload
+    dispatch.status = DispatchStatus.DELIVERED
+    dispatch.attempts = p["attempt"]
+    dispatch.last_status_code = p.get("status_code")
+    dispatch.last_error = ""
+    dispatch.next_attempt_at = None
+    dispatch.delivered_at = event.created_at
+
+
+def _dead(dispatch: Dispatch, event: Event) -> None:
+    p: pl.DispatchFailed = event.payload
+    dispatch.status = DispatchStatus.DEAD
+    dispatch.attempts = max(dispatch.attempts, p["attempt"])
+    dispatch.last_error = p["error"]
+    dispatch.last_status_code = p.get("status_code")
+    dispatch.next_attempt_at = None
+
+
+def _cancelled(dispatch: Dispatch, event: Event) -> None:
+    p: pl.DispatchCancelled = event.payload
+    dispatch.status = DispatchStatus.CANCELLED
+    dispatch.last_error = p.get("reason", "")
+    dispatch.next_attempt_at = None
+
+
+def _redelivery(dispatch: Dispatch, event: Event) -> None:
+    dispatch.status = DispatchStatus.PENDING
+    dispatch.attempts = 0
+    dispatch.next_attempt_at = event.created_at
+
+
+#: How each dispatch event changes the row (after :func:`apply` set its version).
+FOLD: dict[str, Callable[[Dispatch, Event], None]] = {
+    ev.DISPATCH_ATTEMPT_STARTED: _attempt_started,
+    ev.DISPATCH_ATTEMPT_FAILED: _attempt_failed,
+    ev.DISPATCHED: _delivered,
+    ev.DISPATCH_FAILED: _dead,
+    ev.DISPATCH_CANCELLED: _cancelled,
+    ev.DISPATCH_REDELIVERY: _redelivery,
+}
+
+
 def apply(dispatch: Dispatch | None, event: Event) -> Dispatch:
     """The outbox row after ``event`` (the outbox projection)."""
-    p = event.payload
     if event.type == ev.DISPATCH_REQUESTED:
-        dispatch = Dispatch(
-            id=uuid.UUID(event.stream_id),
-            tenant_id=event.tenant_id,
-            run_id=uuid.UUID(p["run_id"]) if p.get("run_id") else None,
-            step_path=p.get("step", ""),
-            kind=p["kind"],
-            status=DispatchStatus.PENDING,
-            request=p["request"],
-            retry=p.get("retry") or {},
-            attempts=0,
-            next_attempt_at=event.created_at,
-            created_at=event.created_at,
-        )
+        dispatch = _requested(event)
     if dispatch is None:
         raise ValueError(f"event {event.type} precedes dispatch-requested")
     dispatch.version = event.version
     dispatch.updated_at = event.created_at
-    if event.type == ev.DISPATCH_ATTEMPT_STARTED:
-        # A lease: if the dispatcher dies while delivering, the row is due
-        # again when it runs out, and another attempt is made.
-        dispatch.attempts = p["attempt"]
-        dispatch.next_attempt_at = parse_instant(p["lease_until"])
-    elif event.type == ev.DISPATCH_ATTEMPT_FAILED:
-        dispatch.status = DispatchStatus.FAILED
-        dispatch.attempts = p["attempt"]
-        dispatch.last_error = p["error"]
-        dispatch.last_status_code = p.get("status_code")
-        dispatch.next_attempt_at = parse_instant(p["next_attempt_at"])
-    elif event.type == ev.DISPATCHED:
-        dispatch.status = DispatchStatus.DELIVERED
-        dispatch.attempts = p["attempt"]
-        dispatch.last_status_code = p.get("status_code")
-        dispatch.last_error = ""
-        dispatch.next_attempt_at = None
-        dispatch.delivered_at = event.created_at
-    elif event.type == ev.DISPATCH_FAILED:
-        dispatch.status = DispatchStatus.DEAD
-        dispatch.attempts = max(dispatch.attempts, p["attempt"])
-        dispatch.last_error = p["error"]
-        dispatch.last_status_code = p.get("status_code")
-        dispatch.next_attempt_at = None
-    elif event.type == ev.DISPATCH_CANCELLED:
-        dispatch.status = DispatchStatus.CANCELLED
-        dispatch.last_error = p.get("reason", "")
-        dispatch.next_attempt_at = None
-    elif event.type == ev.DISPATCH_REDELIVERY:
-        dispatch.status = DispatchStatus.PENDING
-        dispatch.attempts = 0
-        dispatch.next_attempt_at = event.created_at
+    handler = FOLD.get(event.type)
+    if handler is not None:
+        handler(dispatch, event)
     return dispatch
 
 
@@ -156,7 +193,7 @@ def metadata(run_id: uuid.UUID | None) -> dict[str, str]:
 
 
 def append(
-    dispatch: Dispatch, type_: str, payload: dict[str, Any], *, created_by: str = ""
+    dispatch: Dispatch, type_: str, payload: pl.Payload, *, created_by: str = ""
 ) -> Dispatch:
     """Append one event to a dispatch's stream at its next version, fold it and
     write it, in the caller's transaction. A concurrent writer makes it fail

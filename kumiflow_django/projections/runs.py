@@ -11,6 +11,7 @@ rebuilt one cannot disagree.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from django.db import models
@@ -21,6 +22,7 @@ from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.store import limits
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.models import EngineManager, Event
 
 
@@ -122,8 +124,6 @@ class WorkflowRun(models.Model):
     )
     version = models.PositiveIntegerField(_("stream version"))
     recoveries = models.PositiveIntegerField(_("stalled recoveries"), default=0)
-    # Operational, not projected from the log: which worker is running the
-    # run's next segment, until when. Cleared when the segment commits.
     # A child run: the run that started it (its parent), the first run of its
     # tree (its root), the parent's step, whether the parent waits for its end,
     # and whether cancelling the parent cancels it.
@@ -153,6 +153,8 @@ class WorkflowRun(models.Model):
     rate_key = models.CharField(_("rate key"), max_length=limits.FLOW_KEY, blank=True)
     held_by = models.CharField(_("held by"), max_length=20, blank=True)
     debounce_key = models.CharField(_("debounce key"), max_length=limits.FLOW_KEY, blank=True)
+    # Operational, not projected from the log: which worker is running the
+    # run's next segment, until when. Cleared when the segment commits.
     lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
     lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"))
@@ -223,13 +225,44 @@ class WorkflowRun(models.Model):
         return ".".join(str(p) for p in self.cursor) if self.cursor else ""
 
 
+# -- who writes which column --------------------------------------------------
+#
+# The fold owns the row, with two exceptions, both the scheduler's business
+# (the resume loop, flow control, the rebuild's recheck): the lease, and when a
+# queued run is checked again and what holds it. tests/test_run_columns.py
+# records every write to the table and holds each writer to its columns.
+
+#: A worker's lease on the run's next segment: not in the log, never folded,
+#: never rebuilt. Only the scheduler sets it; a committed segment ends it (the
+#: fold's write clears both in the same UPDATE).
+SCHEDULER_COLUMNS = frozenset({"lease_owner", "lease_until"})
+#: Folded from the log (a start held by flow control, a suspension's wake
+#: time, an admission), and re-set by the scheduler while the run is queued:
+#: when it is checked again, and what holds it now (the log says only that it
+#: is queued; flow control parks, wakes and re-checks it).
+PARKED_COLUMNS = frozenset({"wake_at", "held_by"})
+#: Every other column: the fold's alone, written only through
+#: :mod:`kumiflow_django.projections.stream` (a ``Change`` of :data:`RUNS`)
+#: and by the rebuild's replay of the log.
+FOLD_COLUMNS = (
+    frozenset(f.column for f in WorkflowRun._meta.concrete_fields)
+    - SCHEDULER_COLUMNS
+    - PARKED_COLUMNS
+)
+
+
 # -- the fold ---------------------------------------------------------------
+#
+# One handler per event type (:data:`FOLD`), each reading its typed payload
+# (``store.payloads``); :func:`apply` sets what every event sets (the version,
+# the time) and calls the type's handler. An event type without a handler
+# changes nothing else.
 
 
-def _merge_trail(run: WorkflowRun, payload: dict[str, Any]) -> None:
+def _merge_trail(run: WorkflowRun, trail: list[str] | None) -> None:
     seen = set(run.trail)
     added = []
-    for path in payload.get("trail") or ():
+    for path in trail or ():
         if path not in seen:
             seen.add(path)
             added.append(path)
@@ -249,7 +282,7 @@ def _clear_wait(run: WorkflowRun) -> None:
     run.matched_position = None
 
 
-def _flow(run: WorkflowRun, flow: dict[str, Any] | None, event: Event) -> None:
+def _flow(run: WorkflowRun, flow: pl.FlowRef | None) -> None:
     """A run that starts under flow control: its keys, and what holds it, if anything.
 
     A run parked behind a full key has no wake time; the one that frees a slot
@@ -273,190 +306,290 @@ def _instant(value: str | None) -> Any:
     return parse_instant(value) if value else None
 
 
+def _started(event: Event) -> WorkflowRun:
+    """The new row of ``run-started``."""
+    p: pl.RunStarted = event.payload
+    deferred = p.get("mode") == "deferred"
+    trigger: Mapping[str, Any] = p.get("trigger") or {}
+    run = WorkflowRun(
+        id=uuid.UUID(event.stream_id),
+        tenant_id=event.tenant_id,
+        workflow=p["workflow"],
+        workflow_version=p.get("version") or "",
+        fingerprint=p["fingerprint"],
+        status=RunStatus.PENDING if deferred else RunStatus.RUNNING,
+        start_mode=p.get("mode", "inline"),
+        cursor=None,
+        state=new_state(),
+        trail=[],
+        wake_at=event.created_at if deferred else None,
+        since_position=p.get("since", 0),
+        since_gaps=p.get("since_gaps") or None,
+        trigger_type=trigger.get("type", ""),
+        trigger_position=trigger.get("position"),
+        idempotency_key=p.get("idempotency_key"),
+        input=p.get("input"),
+        attempt=1,
+        started_at=event.created_at,
+        version=0,
+    )
+    run.priority = p.get("priority", 0)
+    _flow(run, p.get("flow"))
+    parent = p.get("parent")
+    if parent:
+        run.parent_id = uuid.UUID(parent["id"])
+        run.root_id = uuid.UUID(parent["root"])
+        run.parent_step = parent.get("step", "")
+        run.parent_waits = bool(parent.get("wait"))
+        run.cancel_with_parent = bool(parent.get("cancel_with_parent", True))
+        run.depth = int(parent.get("depth", 1))
+    return run
+
+
+def _suspended(run: WorkflowRun, p: pl.Suspended) -> None:
+    """What every suspension sets: the wait cleared, the position, the state."""
+    _clear_wait(run)
+    run.cursor = p["cursor"]
+    run.state = p["state"]
+    _merge_trail(run, p.get("trail"))
+
+
+def _step_waiting(run: WorkflowRun, event: Event) -> None:
+    p: pl.StepWaiting = event.payload
+    _suspended(run, p)
+    run.status = RunStatus.WAITING
+    run.wake_at = _instant(p["wake_at"])
+
+
+def _waiting_for_event(run: WorkflowRun, event: Event) -> None:
+    p: pl.StepWaitingForEvent = event.payload
+    _suspended(run, p)
+    run.status = RunStatus.WAITING_EVENT
+    run.wake_at = _instant(p.get("timeout_at"))
+    run.awaited_event_type = p["event_type"]
+    run.correlation_key = p["correlation_key"]
+    run.awaited_match = p["match"]
+    run.awaited_after = p["after"]
+    run.awaited_gaps = p.get("gaps")
+
+
+def _retry_scheduled(run: WorkflowRun, event: Event) -> None:
+    p: pl.RetryScheduled = event.payload
+    _suspended(run, p)
+    run.status = RunStatus.RETRY_SCHEDULED
+    run.wake_at = _instant(p["wake_at"])
+    run.attempt = p["attempt"]
+    run.last_error = p["error"]
+
+
+def _awaits_children(run: WorkflowRun, event: Event, p: pl.Suspended) -> None:
+    _suspended(run, p)
+    run.status = RunStatus.WAITING
+    run.suspended_version = event.version
+
+
+def _waiting_for_child(run: WorkflowRun, event: Event) -> None:
+    p: pl.StepWaitingForChild = event.payload
+    _awaits_children(run, event, p)
+    run.wake_at = _instant(p.get("wake_at"))
+    run.child_waits = 1
+
+
+def _waiting_branches(run: WorkflowRun, event: Event) -> None:
+    p: pl.StepWaitingBranches = event.payload
+    _awaits_children(run, event, p)
+    run.wake_at = _instant(p.get("wake_at"))
+    run.branch_waits = len(p.get("waits") or ())
+    run.child_waits = len(p.get("children") or ())
+
+
+def _child_settled(run: WorkflowRun, event: Event) -> None:
+    # The outcome stays in the event (the next segment reads the ones after
+    # ``suspended_version``): the row only becomes due, whatever its size.
+    if run.status in SUSPENDED:
+        run.wake_at = min(run.wake_at or event.created_at, event.created_at)
+
+
+def _compensation_started(run: WorkflowRun, event: Event) -> None:
+    p: pl.CompensationStarted = event.payload
+    _clear_wait(run)
+    run.status = RunStatus.WAITING
+    run.wake_at = event.created_at
+    run.cursor = [COMPENSATE, 0]
+    state = p.get("state") or run.state
+    run.state = {
+        **state,
+        "compensating": {"reason": p.get("reason"), "error": p.get("error"), "then": p.get("then")},
+    }
+    run.compensation = Compensation.RUNNING
+    run.last_error = p.get("error", "")
+    run.reason = p.get("reason", "")
+    _merge_trail(run, p.get("trail"))
+
+
+def _admitted(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunAdmitted = event.payload
+    _clear_wait(run)
+    run.status = RunStatus.RUNNING
+    run.held_by = ""
+    if "fingerprint" in p:  # queued across a deploy: starts on the current definition
+        run.fingerprint = p["fingerprint"]
+        run.workflow_version = p.get("version") or ""
+
+
+def _debounced(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunDebounced = event.payload
+    trigger = p["trigger"]
+    run.trigger_type = trigger.get("type", "")
+    run.trigger_position = trigger.get("position")
+    run.since_position = p.get("since", run.since_position)
+    run.since_gaps = p.get("since_gaps") or None
+    run.wake_at = _instant(p["until"])
+
+
+def _event_matched(run: WorkflowRun, event: Event) -> None:
+    p: pl.EventMatched = event.payload
+    run.matched_position = p["event"]["position"]
+    run.wake_at = event.created_at
+
+
+def _woken(run: WorkflowRun, event: Event) -> None:
+    run.wake_at = event.created_at
+    if run.state.get("parallel"):  # every branch's wait is over, not only the run's
+        run.state = {**run.state, "woken": True}
+
+
+def _resumed(run: WorkflowRun, event: Event) -> None:
+    p: pl.StepResumed = event.payload
+    _clear_wait(run)
+    run.status = RunStatus.RUNNING
+    if p.get("recovered"):
+        run.recoveries += 1
+
+
+def _completed(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunCompleted = event.payload
+    _clear_wait(run)
+    run.status = RunStatus.COMPLETED
+    run.cursor = None
+    run.result = p.get("result")
+    run.finished_at = event.created_at
+    _merge_trail(run, p.get("trail"))
+
+
+def _failed(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunFailed = event.payload
+    _clear_wait(run)
+    run.status = RunStatus.FAILED
+    run.cursor = p.get("cursor", run.cursor)
+    run.last_error = p["error"]
+    run.reason = p.get("reason", "")
+    run.finished_at = event.created_at
+    if p.get("compensation"):
+        run.compensation = p["compensation"]
+    _merge_trail(run, p.get("trail"))
+
+
+def _cancelled(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunCancelled = event.payload
+    _clear_wait(run)
+    run.status = RunStatus.CANCELLED
+    run.reason = "cancelled"
+    run.last_error = p.get("reason", "")
+    run.finished_at = event.created_at
+    if p.get("compensation"):
+        run.compensation = p["compensation"]
+
+
+def _retried(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunRetried = event.payload
+    restore = p["restore"]
+    _clear_wait(run)
+    run.status = restore["status"]
+    run.cursor = restore["cursor"]
+    run.state = restore["state"]
+    run.attempt = restore.get("attempt", 1)
+    awaited = restore.get("awaited")
+    if awaited:
+        run.awaited_event_type = awaited["event_type"]
+        run.awaited_match = awaited["match"]
+        run.correlation_key = awaited["correlation_key"]
+        run.awaited_after = awaited["after"]
+        run.awaited_gaps = awaited.get("gaps")
+    run.matched_position = restore.get("matched_position")
+    if "fingerprint" in p:
+        run.fingerprint = p["fingerprint"]
+        run.workflow_version = p.get("version") or ""
+    run.reason = ""
+    run.last_error = ""
+    run.finished_at = None
+    # "wait": the run waits again for its awaited event (a task run again).
+    run.wake_at = None if restore.get("wait") else event.created_at
+    run.branch_waits = len(restore.get("waits") or ())
+    run.child_waits = restore.get("child_waits", 0)
+    if "suspended_version" in restore:
+        run.suspended_version = restore["suspended_version"]
+    cursor = restore.get("cursor")
+    run.compensation = Compensation.RUNNING if cursor and cursor[0] == COMPENSATE else ""
+
+
+def _recovered(run: WorkflowRun, event: Event) -> None:
+    run.recoveries += 1
+
+
+def _segment_refused(run: WorkflowRun, event: Event) -> None:
+    p: pl.SegmentRefused = event.payload
+    if run.status == RunStatus.RUNNING:
+        # Its first segment never committed. Under flow control it was never
+        # admitted either (the admission was rolled back with the segment):
+        # it waits for admission, not only for its start.
+        limited = run.flow_key or run.rate_key
+        run.status = RunStatus.QUEUED if limited else RunStatus.PENDING
+    run.wake_at = _instant(p["retry_at"])
+    run.last_error = p["error"]
+    if p.get("event"):
+        run.matched_position = p["event"]["position"]
+
+
+def _nothing(run: WorkflowRun, event: Event) -> None:
+    """``run-started``: :func:`_started` made the row."""
+
+
+#: How each run event changes the row (after :func:`apply` set its version).
+FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
+    ev.RUN_STARTED: _nothing,
+    ev.STEP_WAITING: _step_waiting,
+    ev.STEP_WAITING_FOR_EVENT: _waiting_for_event,
+    ev.RETRY_SCHEDULED: _retry_scheduled,
+    ev.STEP_WAITING_FOR_CHILD: _waiting_for_child,
+    ev.STEP_WAITING_BRANCHES: _waiting_branches,
+    ev.CHILD_SETTLED: _child_settled,
+    ev.COMPENSATION_STARTED: _compensation_started,
+    ev.RUN_ADMITTED: _admitted,
+    ev.RUN_DEBOUNCED: _debounced,
+    ev.EVENT_MATCHED: _event_matched,
+    ev.RUN_WOKEN: _woken,
+    ev.STEP_RESUMED: _resumed,
+    ev.RUN_COMPLETED: _completed,
+    ev.RUN_FAILED: _failed,
+    ev.RUN_CANCELLED: _cancelled,
+    ev.RUN_RETRIED: _retried,
+    ev.RUN_RECOVERED: _recovered,
+    ev.SEGMENT_REFUSED: _segment_refused,
+}
+
+
 def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
     """The row after ``event``; ``run`` is None before run-started."""
-    p = event.payload
     if event.type == ev.RUN_STARTED:
-        deferred = p.get("mode") == "deferred"
-        trigger = p.get("trigger") or {}
-        run = WorkflowRun(
-            id=uuid.UUID(event.stream_id),
-            tenant_id=event.tenant_id,
-            workflow=p["workflow"],
-            workflow_version=p.get("version") or "",
-            fingerprint=p["fingerprint"],
-            status=RunStatus.PENDING if deferred else RunStatus.RUNNING,
-            start_mode=p.get("mode", "inline"),
-            cursor=None,
-            state=new_state(),
-            trail=[],
-            wake_at=event.created_at if deferred else None,
-            since_position=p.get("since", 0),
-            since_gaps=p.get("since_gaps") or None,
-            trigger_type=trigger.get("type", ""),
-            trigger_position=trigger.get("position"),
-            idempotency_key=p.get("idempotency_key"),
-            input=p.get("input"),
-            attempt=1,
-            started_at=event.created_at,
-            version=0,
-        )
-        run.priority = p.get("priority", 0)
-        _flow(run, p.get("flow"), event)
-        parent = p.get("parent")
-        if parent:
-            run.parent_id = uuid.UUID(parent["id"])
-            run.root_id = uuid.UUID(parent["root"])
-            run.parent_step = parent.get("step", "")
-            run.parent_waits = bool(parent.get("wait"))
-            run.cancel_with_parent = bool(parent.get("cancel_with_parent", True))
-            run.depth = int(parent.get("depth", 1))
+        run = _started(event)
     if run is None:
         raise ValueError(f"event {event.type} at version {event.version} precedes run-started")
     run.version = event.version
     run.updated_at = event.created_at
-
-    if event.type in (ev.STEP_WAITING, ev.STEP_WAITING_FOR_EVENT, ev.RETRY_SCHEDULED):
-        _clear_wait(run)
-        run.cursor = p["cursor"]
-        run.state = p["state"]
-        _merge_trail(run, p)
-        if event.type == ev.STEP_WAITING:
-            run.status = RunStatus.WAITING
-            run.wake_at = _instant(p["wake_at"])
-        elif event.type == ev.STEP_WAITING_FOR_EVENT:
-            run.status = RunStatus.WAITING_EVENT
-            run.wake_at = _instant(p.get("timeout_at"))
-            run.awaited_event_type = p["event_type"]
-            run.correlation_key = p["correlation_key"]
-            run.awaited_match = p["match"]
-            run.awaited_after = p["after"]
-            run.awaited_gaps = p.get("gaps")
-        else:
-            run.status = RunStatus.RETRY_SCHEDULED
-            run.wake_at = _instant(p["wake_at"])
-            run.attempt = p["attempt"]
-            run.last_error = p["error"]
-    elif event.type in (ev.STEP_WAITING_FOR_CHILD, ev.STEP_WAITING_BRANCHES):
-        _clear_wait(run)
-        run.cursor = p["cursor"]
-        run.state = p["state"]
-        _merge_trail(run, p)
-        run.status = RunStatus.WAITING
-        run.wake_at = _instant(p.get("wake_at"))
-        run.branch_waits = len(p.get("waits") or ())
-        children = [p["child_id"]] if "child_id" in p else p.get("children") or []
-        run.child_waits = len(children)
-        run.suspended_version = event.version
-    elif event.type == ev.CHILD_SETTLED:
-        # The outcome stays in the event (the next segment reads the ones after
-        # ``suspended_version``): the row only becomes due, whatever its size.
-        if run.status in SUSPENDED:
-            run.wake_at = min(run.wake_at or event.created_at, event.created_at)
-    elif event.type == ev.COMPENSATION_STARTED:
-        _clear_wait(run)
-        run.status = RunStatus.WAITING
-        run.wake_at = event.created_at
-        run.cursor = [COMPENSATE, 0]
-        state = p.get("state") or run.state
-        run.state = {**state, "compensating": {k: p.get(k) for k in ("reason", "error", "then")}}
-        run.compensation = Compensation.RUNNING
-        run.last_error = p.get("error", "")
-        run.reason = p.get("reason", "")
-        _merge_trail(run, p)
-    elif event.type == ev.RUN_ADMITTED:
-        _clear_wait(run)
-        run.status = RunStatus.RUNNING
-        run.held_by = ""
-        if "fingerprint" in p:  # queued across a deploy: starts on the current definition
-            run.fingerprint = p["fingerprint"]
-            run.workflow_version = p.get("version") or ""
-    elif event.type == ev.RUN_DEBOUNCED:
-        trigger = p["trigger"]
-        run.trigger_type = trigger.get("type", "")
-        run.trigger_position = trigger.get("position")
-        run.since_position = p.get("since", run.since_position)
-        run.since_gaps = p.get("since_gaps") or None
-        run.wake_at = _instant(p["until"])
-    elif event.type == ev.EVENT_MATCHED:
-        run.matched_position = p["event"]["position"]
-        run.wake_at = event.created_at
-    elif event.type == ev.RUN_WOKEN:
-        run.wake_at = event.created_at
-        if run.state.get("parallel"):  # every branch's wait is over, not only the run's
-            run.state = {**run.state, "woken": True}
-    elif event.type == ev.STEP_RESUMED:
-        _clear_wait(run)
-        run.status = RunStatus.RUNNING
-        if p.get("recovered"):
-            run.recoveries += 1
-    elif event.type == ev.RUN_COMPLETED:
-        _clear_wait(run)
-        run.status = RunStatus.COMPLETED
-        run.cursor = None
-        run.result = p.get("result")
-        run.finished_at = event.created_at
-        _merge_trail(run, p)
-    elif event.type == ev.RUN_FAILED:
-        _clear_wait(run)
-        run.status = RunStatus.FAILED
-        run.cursor = p.get("cursor", run.cursor)
-        run.last_error = p["error"]
-        run.reason = p.get("reason", "")
-        run.finished_at = event.created_at
-        if p.get("compensation"):
-            run.compensation = p["compensation"]
-        _merge_trail(run, p)
-    elif event.type == ev.RUN_CANCELLED:
-        _clear_wait(run)
-        run.status = RunStatus.CANCELLED
-        run.reason = "cancelled"
-        run.last_error = p.get("reason", "")
-        run.finished_at = event.created_at
-        if p.get("compensation"):
-            run.compensation = p["compensation"]
-    elif event.type == ev.RUN_RETRIED:
-        restore = p["restore"]
-        _clear_wait(run)
-        run.status = restore["status"]
-        run.cursor = restore["cursor"]
-        run.state = restore["state"]
-        run.attempt = restore.get("attempt", 1)
-        awaited = restore.get("awaited")
-        if awaited:
-            run.awaited_event_type = awaited["event_type"]
-            run.awaited_match = awaited["match"]
-            run.correlation_key = awaited["correlation_key"]
-            run.awaited_after = awaited["after"]
-            run.awaited_gaps = awaited.get("gaps")
-        run.matched_position = restore.get("matched_position")
-        if "fingerprint" in p:
-            run.fingerprint = p["fingerprint"]
-            run.workflow_version = p.get("version") or ""
-        run.reason = ""
-        run.last_error = ""
-        run.finished_at = None
-        # "wait": the run waits again for its awaited event (a task run again).
-        run.wake_at = None if restore.get("wait") else event.created_at
-        run.branch_waits = len(restore.get("waits") or ())
-        run.child_waits = restore.get("child_waits", 0)
-        if "suspended_version" in restore:
-            run.suspended_version = restore["suspended_version"]
-        cursor = restore.get("cursor")
-        run.compensation = Compensation.RUNNING if cursor and cursor[0] == COMPENSATE else ""
-    elif event.type == ev.RUN_RECOVERED:
-        run.recoveries += 1
-    elif event.type == ev.SEGMENT_REFUSED:
-        if run.status == RunStatus.RUNNING:
-            # Its first segment never committed. Under flow control it was never
-            # admitted either (the admission was rolled back with the segment):
-            # it waits for admission, not only for its start.
-            limited = run.flow_key or run.rate_key
-            run.status = RunStatus.QUEUED if limited else RunStatus.PENDING
-        run.wake_at = _instant(p["retry_at"])
-        run.last_error = p["error"]
-        if p.get("event"):
-            run.matched_position = p["event"]["position"]
+    handler = FOLD.get(event.type)
+    if handler is not None:
+        handler(run, event)
     return run
 
 

@@ -6,7 +6,8 @@ projection of its stream (``cron:<workflow>``).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -15,6 +16,7 @@ from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections.stream import Change, Stream, write_one
 from kumiflow_django.store import clock, limits
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.models import EngineManager, Event
 
 #: How ``disabled_reason`` starts when the engine disabled a schedule itself
@@ -80,6 +82,68 @@ class CronSchedule(models.Model):
 # -- the fold ---------------------------------------------------------------
 
 
+def _defined(schedule: CronSchedule, event: Event) -> None:
+    """``schedule-registered`` and ``schedule-changed``."""
+    p: pl.CronDefinition = event.payload
+    schedule.expression = p["expression"]
+    schedule.timezone = p["timezone"]
+    schedule.misfire = p["misfire"]
+    schedule.max_catch_up = p["max_catch_up"]
+    schedule.overlap = p["overlap"]
+    schedule.registered = True
+    reason = schedule.disabled_reason
+    fixed = reason.startswith(BROKEN) and bool(p.get("next_fire_at"))
+    if reason == NOT_REGISTERED or fixed:
+        schedule.enabled, schedule.disabled_reason = True, ""
+
+
+def _removed(schedule: CronSchedule, event: Event) -> None:
+    p: pl.CronRemoved = event.payload
+    schedule.registered = False
+    schedule.enabled = False
+    schedule.disabled_reason = fit(p["reason"])
+
+
+def _fired(schedule: CronSchedule, event: Event) -> None:
+    p: pl.CronFired = event.payload
+    schedule.last_fired_at = event.created_at
+    if p["scheduled_for"]:
+        schedule.last_scheduled_for = parse_instant(p["scheduled_for"][-1])
+    if p["run_ids"]:
+        schedule.last_run_id = p["run_ids"][-1]
+    schedule.fired_count += len(p["run_ids"])
+    schedule.skipped_count += p.get("skipped", 0)
+
+
+def _skipped(schedule: CronSchedule, event: Event) -> None:
+    p: pl.CronSkipped = event.payload
+    schedule.skipped_count += p["skipped"]
+
+
+def _enabled(schedule: CronSchedule, event: Event) -> None:
+    schedule.enabled = True
+    schedule.disabled_reason = ""
+
+
+def _disabled(schedule: CronSchedule, event: Event) -> None:
+    p: pl.CronDisabled = event.payload
+    schedule.enabled = False
+    schedule.disabled_reason = fit(p.get("reason") or "disabled by an operator")
+
+
+#: How each schedule event changes the row, after :func:`apply` set its version
+#: and, where the payload has one, its next fire time.
+FOLD: dict[str, Callable[[CronSchedule, Event], None]] = {
+    ev.CRON_REGISTERED: _defined,
+    ev.CRON_CHANGED: _defined,
+    ev.CRON_REMOVED: _removed,
+    ev.CRON_FIRED: _fired,
+    ev.CRON_SKIPPED: _skipped,
+    ev.CRON_ENABLED: _enabled,
+    ev.CRON_DISABLED: _disabled,
+}
+
+
 def apply(schedule: CronSchedule | None, event: Event) -> CronSchedule:
     """The schedule row after ``event`` (the cron projection)."""
     p = event.payload
@@ -92,34 +156,9 @@ def apply(schedule: CronSchedule | None, event: Event) -> CronSchedule:
     schedule.updated_at = event.created_at
     if "next_fire_at" in p:
         schedule.next_fire_at = parse_instant(p["next_fire_at"]) if p["next_fire_at"] else None
-    if event.type in (ev.CRON_REGISTERED, ev.CRON_CHANGED):
-        for key in ("expression", "timezone", "misfire", "max_catch_up", "overlap"):
-            setattr(schedule, key, p[key])
-        schedule.registered = True
-        reason = schedule.disabled_reason
-        fixed = reason.startswith(BROKEN) and bool(p.get("next_fire_at"))
-        if reason == NOT_REGISTERED or fixed:
-            schedule.enabled, schedule.disabled_reason = True, ""
-    elif event.type == ev.CRON_REMOVED:
-        schedule.registered = False
-        schedule.enabled = False
-        schedule.disabled_reason = fit(p["reason"])
-    elif event.type == ev.CRON_FIRED:
-        schedule.last_fired_at = event.created_at
-        if p["scheduled_for"]:
-            schedule.last_scheduled_for = parse_instant(p["scheduled_for"][-1])
-        if p["run_ids"]:
-            schedule.last_run_id = p["run_ids"][-1]
-        schedule.fired_count += len(p["run_ids"])
-        schedule.skipped_count += p.get("skipped", 0)
-    elif event.type == ev.CRON_SKIPPED:
-        schedule.skipped_count += p["skipped"]
-    elif event.type == ev.CRON_ENABLED:
-        schedule.enabled = True
-        schedule.disabled_reason = ""
-    elif event.type == ev.CRON_DISABLED:
-        schedule.enabled = False
-        schedule.disabled_reason = fit(p.get("reason") or "disabled by an operator")
+    handler = FOLD.get(event.type)
+    if handler is not None:
+        handler(schedule, event)
     return schedule
 
 
@@ -132,7 +171,7 @@ def append(
     workflow: str,
     tenant: str,
     type_: str,
-    payload: dict[str, Any],
+    payload: pl.Payload,
     *,
     created_by: str = "",
 ) -> CronSchedule:

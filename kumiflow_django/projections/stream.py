@@ -30,6 +30,7 @@ from django.db import models
 from kumiflow_django.store import db, sql
 from kumiflow_django.store.log import insert, notify
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.payloads import Payload
 
 
 class StaleRow(Exception):  # noqa: N818 - the condition, as the engine names it
@@ -74,7 +75,7 @@ class Change[M: models.Model]:
     def version(self) -> int:
         return self.base_version + len(self.events)
 
-    def add(self, type_: str, payload: dict[str, Any], *, created_by: str = "") -> Event:
+    def add(self, type_: str, payload: Payload, *, created_by: str = "") -> Event:
         """Append an event at the stream's next version and fold it into the row.
 
         ``created_by`` names the operator of an operator action (checked by

@@ -13,9 +13,9 @@ row: they are not events (the lease fields are operational, like a run's).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -25,6 +25,7 @@ from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections.stream import Change, Stream, write_one
 from kumiflow_django.store import clock, leases, limits, telemetry
 from kumiflow_django.store import names as ev
+from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.models import EngineManager, Event
 
 
@@ -148,89 +149,129 @@ def _end_attempt(task: StepTask) -> None:
     task.heartbeat_details = None
 
 
+def _requested(event: Event) -> StepTask:
+    p: pl.TaskRequested = event.payload
+    return StepTask(
+        id=uuid.UUID(event.stream_id),
+        tenant_id=event.tenant_id,
+        run_id=uuid.UUID(p["run_id"]),
+        workflow=p.get("workflow") or "",
+        trace=p.get("trace"),
+        step_path=p["step"],
+        name=p.get("name") or "",
+        function=p["function"],
+        backend=p.get("backend") or "",
+        queue=p.get("queue") or "",
+        priority=p.get("priority", 0),
+        args=p.get("args"),
+        retry=p.get("retry") or {},
+        non_retryable=p.get("non_retryable") or [],
+        timeout=p["timeout"],
+        heartbeat_timeout=p.get("heartbeat_timeout"),
+        flow=p.get("flow"),
+        flow_scope=(p.get("flow") or {}).get("scope", ""),
+        flow_key=(p.get("flow") or {}).get("key", ""),
+        status=TaskStatus.PENDING,
+        attempt=0,
+        max_attempt=int((p.get("retry") or {}).get("attempts", 1)),
+        next_attempt_at=event.created_at,
+        created_at=event.created_at,
+    )
+
+
+def _enqueued(task: StepTask, event: Event) -> None:
+    p: pl.TaskEnqueued = event.payload
+    task.enqueued_attempt = p["attempt"]
+    task.enqueued_at = event.created_at
+
+
+def _attempt_started(task: StepTask, event: Event) -> None:
+    p: pl.TaskAttemptStarted = event.payload
+    task.status = TaskStatus.RUNNING
+    task.attempt = p["attempt"]
+    task.next_attempt_at = None
+    task.started_at = event.created_at
+    task.worker = p.get("worker", "")
+    task.lease_until = _instant(p.get("lease_until"))
+    task.heartbeat_at = None
+    task.heartbeat_details = None
+
+
+def _attempt_failed(task: StepTask, event: Event) -> None:
+    p: pl.TaskAttemptFailed = event.payload
+    _end_attempt(task)
+    task.status = TaskStatus.PENDING
+    task.next_attempt_at = _instant(p["retry_at"])
+    task.last_error = p["error"]
+    task.error_type = p.get("error_type", "")
+    task.traceback = p.get("traceback", "")
+    task.duration = p.get("duration")
+
+
+def _completed(task: StepTask, event: Event) -> None:
+    p: pl.TaskCompleted = event.payload
+    _end_attempt(task)
+    task.status = TaskStatus.COMPLETED
+    task.next_attempt_at = None
+    task.result = p.get("result")
+    task.duration = p.get("duration")
+    task.finished_at = event.created_at
+
+
+def _failed(task: StepTask, event: Event) -> None:
+    p: pl.TaskFailed = event.payload
+    _end_attempt(task)
+    task.status = TaskStatus.FAILED
+    task.next_attempt_at = None
+    task.last_error = p["error"]
+    task.error_type = p.get("error_type", "")
+    task.traceback = p.get("traceback", "")
+    task.duration = p.get("duration")
+    task.finished_at = event.created_at
+
+
+def _cancelled(task: StepTask, event: Event) -> None:
+    p: pl.TaskCancelled = event.payload
+    _end_attempt(task)
+    task.status = TaskStatus.CANCELLED
+    task.next_attempt_at = None
+    task.last_error = p.get("reason", "")
+    task.finished_at = event.created_at
+
+
+def _retried(task: StepTask, event: Event) -> None:
+    _end_attempt(task)
+    task.status = TaskStatus.PENDING
+    task.next_attempt_at = event.created_at
+    task.max_attempt = task.attempt + int(task.retry.get("attempts", 1))
+    task.finished_at = None
+    task.result = None
+
+
+#: How each task event changes the row (after :func:`apply` set its version);
+#: ``task.result-ignored`` changes nothing else.
+FOLD: dict[str, Callable[[StepTask, Event], None]] = {
+    ev.TASK_ENQUEUED: _enqueued,
+    ev.TASK_ATTEMPT_STARTED: _attempt_started,
+    ev.TASK_ATTEMPT_FAILED: _attempt_failed,
+    ev.TASK_COMPLETED: _completed,
+    ev.TASK_FAILED: _failed,
+    ev.TASK_CANCELLED: _cancelled,
+    ev.TASK_RETRIED: _retried,
+}
+
+
 def apply(task: StepTask | None, event: Event) -> StepTask:
     """The task row after ``event``; ``task`` is None before ``task.requested``."""
-    p = event.payload
     if event.type == ev.TASK_REQUESTED:
-        task = StepTask(
-            id=uuid.UUID(event.stream_id),
-            tenant_id=event.tenant_id,
-            run_id=uuid.UUID(p["run_id"]),
-            workflow=p.get("workflow") or "",
-            trace=p.get("trace"),
-            step_path=p["step"],
-            name=p.get("name") or "",
-            function=p["function"],
-            backend=p.get("backend") or "",
-            queue=p.get("queue") or "",
-            priority=p.get("priority", 0),
-            args=p.get("args"),
-            retry=p.get("retry") or {},
-            non_retryable=p.get("non_retryable") or [],
-            timeout=p["timeout"],
-            heartbeat_timeout=p.get("heartbeat_timeout"),
-            flow=p.get("flow"),
-            flow_scope=(p.get("flow") or {}).get("scope", ""),
-            flow_key=(p.get("flow") or {}).get("key", ""),
-            status=TaskStatus.PENDING,
-            attempt=0,
-            max_attempt=int((p.get("retry") or {}).get("attempts", 1)),
-            next_attempt_at=event.created_at,
-            created_at=event.created_at,
-        )
+        task = _requested(event)
     if task is None:
         raise ValueError(f"event {event.type} precedes task.requested")
     task.version = event.version
     task.updated_at = event.created_at
-    if event.type == ev.TASK_ENQUEUED:
-        task.enqueued_attempt = p["attempt"]
-        task.enqueued_at = event.created_at
-    elif event.type == ev.TASK_ATTEMPT_STARTED:
-        task.status = TaskStatus.RUNNING
-        task.attempt = p["attempt"]
-        task.next_attempt_at = None
-        task.started_at = event.created_at
-        task.worker = p.get("worker", "")
-        task.lease_until = _instant(p.get("lease_until"))
-        task.heartbeat_at = None
-        task.heartbeat_details = None
-    elif event.type == ev.TASK_ATTEMPT_FAILED:
-        _end_attempt(task)
-        task.status = TaskStatus.PENDING
-        task.next_attempt_at = _instant(p["retry_at"])
-        task.last_error = p["error"]
-        task.error_type = p.get("error_type", "")
-        task.traceback = p.get("traceback", "")
-        task.duration = p.get("duration")
-    elif event.type == ev.TASK_COMPLETED:
-        _end_attempt(task)
-        task.status = TaskStatus.COMPLETED
-        task.next_attempt_at = None
-        task.result = p.get("result")
-        task.duration = p.get("duration")
-        task.finished_at = event.created_at
-    elif event.type == ev.TASK_FAILED:
-        _end_attempt(task)
-        task.status = TaskStatus.FAILED
-        task.next_attempt_at = None
-        task.last_error = p["error"]
-        task.error_type = p.get("error_type", "")
-        task.traceback = p.get("traceback", "")
-        task.duration = p.get("duration")
-        task.finished_at = event.created_at
-    elif event.type == ev.TASK_CANCELLED:
-        _end_attempt(task)
-        task.status = TaskStatus.CANCELLED
-        task.next_attempt_at = None
-        task.last_error = p.get("reason", "")
-        task.finished_at = event.created_at
-    elif event.type == ev.TASK_RETRIED:
-        _end_attempt(task)
-        task.status = TaskStatus.PENDING
-        task.next_attempt_at = event.created_at
-        task.max_attempt = task.attempt + int(task.retry.get("attempts", 1))
-        task.finished_at = None
-        task.result = None
+    handler = FOLD.get(event.type)
+    if handler is not None:
+        handler(task, event)
     return task
 
 
@@ -259,36 +300,38 @@ def opened(
     trace = telemetry.carrier() if requests else None
     for request in requests:
         change = Change(TASKS, str(request.id), tenant, None, now=now, metadata=metadata(run_id))
-        change.add(
-            ev.TASK_REQUESTED,
-            {
-                "run_id": str(run_id),
-                "workflow": workflow,
-                "step": request.step,
-                "name": request.name,
-                "function": request.function,
-                "backend": request.backend,
-                "queue": request.queue,
-                "priority": request.priority,
-                "args": request.args,
-                "retry": request.retry,
-                "non_retryable": list(request.non_retryable),
-                "timeout": request.timeout,
-                "heartbeat_timeout": request.heartbeat_timeout,
-            }
-            | ({"trace": trace} if trace else {})
-            | ({"flow": request.flow} if request.flow else {}),
-        )
+        requested: pl.TaskRequested = {
+            "run_id": str(run_id),
+            "workflow": workflow,
+            "step": request.step,
+            "name": request.name,
+            "function": request.function,
+            "backend": request.backend,
+            "queue": request.queue,
+            "priority": request.priority,
+            "args": request.args,
+            "retry": request.retry,
+            "non_retryable": list(request.non_retryable),
+            "timeout": request.timeout,
+            "heartbeat_timeout": request.heartbeat_timeout,
+        }
+        if trace:
+            requested["trace"] = trace
+        if request.flow:
+            requested["flow"] = request.flow
+        change.add(ev.TASK_REQUESTED, requested)
         if request.problem:
-            change.add(
-                ev.TASK_FAILED,
-                {"attempt": 0, "error": request.problem, "error_type": "InvalidEvent"},
-            )
+            failed: pl.TaskFailed = {
+                "attempt": 0,
+                "error": request.problem,
+                "error_type": "InvalidEvent",
+            }
+            change.add(ev.TASK_FAILED, failed)
         changes.append(change)
     return changes
 
 
-def append(task: StepTask, type_: str, payload: dict[str, Any]) -> StepTask:
+def append(task: StepTask, type_: str, payload: pl.Payload) -> StepTask:
     """Append one event to a task's stream at its next version, fold it and write
     it, in the caller's transaction (a concurrent writer makes it fail with a
     version clash or :class:`~kumiflow_django.projections.stream.StaleRow`)."""

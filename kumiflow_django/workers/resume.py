@@ -32,6 +32,7 @@ from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import clock, db, leases
 from kumiflow_django.store.db import for_update, is_transient
+from kumiflow_django.store.payloads import Recovered
 from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
@@ -54,7 +55,7 @@ class Claimed(NamedTuple):
 
     id: uuid.UUID
     version: int
-    recovered: dict[str, Any] | None
+    recovered: Recovered | None
 
 
 #: Runs leased per statement: few enough that a lease does not run out while
@@ -176,7 +177,7 @@ class ResumeLoop(Loop):
             )
         claimed = []
         for row in sorted(found, key=lambda r: order[r.id]):
-            recovered = None
+            recovered: Recovered | None = None
             if row.lease_owner and row.lease_owner != self.worker_id:
                 until = row.lease_until
                 recovered = {
