@@ -97,6 +97,7 @@ _EXPORTS: dict[str, str] = {
     "UnknownWorkflow": "kumiflow_django.store.errors",
     "RunNotFound": "kumiflow_django.store.errors",
     "InvalidRunState": "kumiflow_django.store.errors",
+    "OperationConflict": "kumiflow_django.store.errors",
 }
 
 __all__ = [
@@ -150,6 +151,7 @@ __all__ = [
     "UnknownWorkflow",
     "RunNotFound",
     "InvalidRunState",
+    "OperationConflict",
 ]
 
 
@@ -259,6 +261,7 @@ if TYPE_CHECKING:  # pragma: no cover
         InvalidEvent,
         InvalidRunState,
         KumiflowError,
+        OperationConflict,
         RunNotFound,
         TenantMismatch,
         UnknownWorkflow,

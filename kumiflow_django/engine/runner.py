@@ -31,7 +31,7 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import compensation, observed
+from kumiflow_django.engine import children, compensation, observed
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.segment import Segment, advance
 from kumiflow_django.flow.admission import Pending, admitted_until_written
@@ -39,7 +39,6 @@ from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
-from kumiflow_django.store.db import for_update
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text
@@ -210,7 +209,7 @@ def _record(
         with db.atomic():
             row = None
             if not opening.new:
-                row = for_update(WorkflowRun.objects.filter(pk=opening.run_id)).first()
+                row = children.lock_run(opening.run_id)
                 if row is None or row.version != opening.version:
                     return None
                 if failure is not None:

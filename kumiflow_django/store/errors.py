@@ -60,3 +60,8 @@ class DispatchNotFound(KumiflowError, LookupError):
 
 class InvalidDispatchState(KumiflowError):
     """The operation does not apply to a dispatch in its current state."""
+
+
+class OperationConflict(KumiflowError):
+    """The operation kept losing to concurrent transactions (a deadlock, a
+    serialization failure): nothing was changed, and trying again may succeed."""
