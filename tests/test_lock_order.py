@@ -145,6 +145,46 @@ def test_the_http_cancel_meeting_a_task_result_answers_200_never_500(tasked):
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.CANCELLED
 
 
+@pytest.fixture
+def mailed(registry):
+    """A run waiting for the delivery of its mail, which was sent (not recorded yet)."""
+    from kumiflow_django.outbox import delivery
+    from kumiflow_django.projections.dispatches import Dispatch
+
+    define_workflow(
+        "lock-mail",
+        steps=[s.mail_send("a@example.com", "hi", "body", await_delivery=True), s.wait("PT1H")],
+    )
+    run = start_workflow("lock-mail")
+    dispatch = Dispatch.objects.get(run_id=run.pk)
+    claimed = delivery._claim(dispatch.id, dispatch.version)
+    assert claimed is not None and run.status == RunStatus.WAITING_EVENT
+    outcome, payload = delivery._attempt(claimed)
+    assert outcome == ev.DISPATCHED
+    return run, claimed, payload
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_meets_the_recording_of_an_awaited_delivery_without_a_deadlock(mailed):
+    """As with a task: the delivered mail wakes the run, so its outcome is
+    recorded with the run locked first."""
+    from kumiflow_django.outbox import delivery
+    from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
+
+    run, claimed, payload = mailed
+
+    def first(holding: threading.Event, go: threading.Event) -> None:
+        with paused_after(Dispatch._meta.db_table, holding, go):
+            assert delivery._record(claimed, ev.DISPATCHED, payload)
+
+    record_errors, cancel_errors = race(first, lambda: cancel_run(run.pk, reason="enough"))
+    assert (record_errors, cancel_errors) == ([], [])
+    assert Dispatch.objects.get(pk=claimed.pk).status == DispatchStatus.DELIVERED
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.CANCELLED
+    assert types(run.pk)[-2:] == [ev.STEP_WAITING, ev.RUN_CANCELLED]
+
+
 # -- cancel of a parent meets the end of its child ---------------------------------------
 
 

@@ -10,10 +10,10 @@ segment at once. When a child the parent waits for ends, its
 last segment appends ``child-settled`` to the parent's stream (the parent is
 locked first): the parent's state holds the outcome and the parent is due.
 
-Runs are locked through :func:`lock_runs`, in the lock order
-(docs/architecture.md): ancestors before descendants, so a run that may end
-and tell its parent has that parent locked first, as a cancel of the parent
-locks the parent and then its children.
+Runs are locked in the lock order (``projections/lock_order.py``):
+ancestors before descendants, so a run that may end and tell its parent has
+that parent locked first, as a cancel of the parent locks the parent and
+then its children.
 
 When a run ends, or stops to compensate, :func:`after_end` cleans up after
 it in the same transaction: its tasks that have not settled are cancelled;
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import contextvars
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Cancellation, ChildRequest
@@ -39,6 +39,7 @@ from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.flow import gates
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
+from kumiflow_django.projections.lock_order import lock_runs
 from kumiflow_django.projections.runs import FINISHED, RUNS, SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
@@ -72,52 +73,6 @@ Starter = Callable[[uuid.UUID, str, Workflow, dict[str, Any], dict[str, Any]], W
 _inline_parents: contextvars.ContextVar[frozenset[uuid.UUID]] = contextvars.ContextVar(
     "kumiflow_inline_parents", default=frozenset()
 )
-
-
-def lock_runs(
-    ids: Collection[uuid.UUID], *, tenant: str | None = None, skip_locked: bool = False
-) -> list[WorkflowRun]:
-    """Lock the runs ``ids`` (of ``tenant``), and before them the parents that
-    wait for them, in the lock order: by depth in their trees, then by primary
-    key, one statement per depth (rows of a ``pk IN`` are locked in key order on
-    every database). A run that ends in this transaction tells its parent
-    (:func:`settle_parent`), and a cancel of that parent locks it before its
-    children: the parent must come first here too.
-
-    ``skip_locked``: leave out those of ``ids`` another transaction holds (the
-    parents are waited for; nothing is held while waiting for them). Returns the
-    locked runs of ``ids`` (not the parents), by depth and key.
-    """
-    qs = WorkflowRun.objects.filter(pk__in=list(ids))
-    if tenant is not None:
-        qs = qs.filter(tenant_id=tenant)
-    # parent_id, parent_waits and depth are written once, by run-started: read
-    # without a lock, they cannot change before the lock is taken.
-    levels: dict[int, set[uuid.UUID]] = {}
-    wanted: set[uuid.UUID] = set()
-    for pk, depth, parent, waits in qs.values_list("pk", "depth", "parent_id", "parent_waits"):
-        wanted.add(pk)
-        levels.setdefault(depth, set()).add(pk)
-        if waits and parent is not None:
-            levels.setdefault(depth - 1, set()).add(parent)
-    locked: list[WorkflowRun] = []
-    for depth in sorted(levels):
-        group = levels[depth]
-        rows = for_update(
-            WorkflowRun.objects.filter(pk__in=list(group)).order_by("pk"),
-            skip_locked=skip_locked and group <= wanted,
-        )
-        locked += [run for run in rows if run.pk in wanted]
-    return locked
-
-
-def lock_run(
-    run_id: uuid.UUID, *, tenant: str | None = None, skip_locked: bool = False
-) -> WorkflowRun | None:
-    """One run, locked in the lock order (see :func:`lock_runs`); None if it does
-    not exist (in ``tenant``) or, with ``skip_locked``, another transaction holds it."""
-    locked = lock_runs([run_id], tenant=tenant, skip_locked=skip_locked)
-    return locked[0] if locked else None
 
 
 def started(
@@ -240,12 +195,7 @@ def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) 
         if notify_parent and run.parent_id and run.parent_waits:
             settle_parent(run)
         return
-    children = WorkflowRun.objects.filter(parent_id=run.id, cancel_with_parent=True).exclude(
-        status__in=FINISHED
-    )
-    if not cancelled:
-        children = children.filter(parent_waits=True)
-    _lock_subtree(list(children.values_list("id", flat=True)))
+    lock_subtree(run, cancelled=cancelled)
     for task in for_update(StepTask.objects.filter(run_id=run.id, status__in=OPEN_TASKS)):
         cancelled_task = append_task(
             task, ev.TASK_CANCELLED, {"reason": f"run {run.id} is {run.status}"}
@@ -255,16 +205,26 @@ def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) 
         pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
         for dispatch_id in pending.values_list("id", flat=True):
             cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")
-    for child_id in children.order_by("pk").values_list("id", flat=True):
+    for child_id in _ending_children(run, cancelled).order_by("pk").values_list("id", flat=True):
         cancel_child(child_id, reason=f"its parent run {run.id} is {run.status}")
     if notify_parent and run.status in FINISHED and run.parent_id and run.parent_waits:
         settle_parent(run)
 
 
-def _lock_subtree(level: list[uuid.UUID]) -> None:
-    """Lock the children a run cancels and theirs, to the last level, before any
-    of them is cancelled: level by level, so no run is locked after one deeper
-    in the tree (the cancel itself goes depth first)."""
+def _ending_children(run: WorkflowRun, cancelled: bool) -> QuerySet[WorkflowRun, WorkflowRun]:
+    """The children the end of ``run`` cancels: all but the abandoned ones when
+    it was cancelled, else those it waited for."""
+    children = WorkflowRun.objects.filter(parent_id=run.id, cancel_with_parent=True).exclude(
+        status__in=FINISHED
+    )
+    return children if cancelled else children.filter(parent_waits=True)
+
+
+def lock_subtree(run: WorkflowRun, *, cancelled: bool) -> None:
+    """Lock the children the end of ``run`` cancels and theirs, to the last level,
+    before any of them is cancelled: level by level, so no run is locked after
+    one deeper in the tree (the cancel itself goes depth first)."""
+    level = list(_ending_children(run, cancelled).values_list("id", flat=True))
     while level:
         lock_runs(level)
         level = list(
@@ -292,7 +252,7 @@ def settle_parent(child: WorkflowRun) -> None:
     """Tell the parent that waits for ``child`` how it ended (its stream; the
     parent is due).
 
-    The parent is locked already (:func:`lock_runs` takes it before the child);
+    The parent is locked already (``lock_runs`` takes it before the child);
     this lock is then only a read of it. A thousand children may end one after
     the other, each locking their parent: this reads and writes only the
     parent row's few columns the event changes (the fold of ``child-settled``

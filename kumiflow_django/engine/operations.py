@@ -22,6 +22,7 @@ from kumiflow_django.engine import children, compensation
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import lock_key
 from kumiflow_django.flow.gates import RUNS as RUNS_GATE
+from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import (
     COMPENSATE,
     FINISHED,
@@ -59,7 +60,7 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
         pk = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
     except ValueError:
         raise RunNotFound(f"{run_id!r} is not a run id") from None
-    run = children.lock_run(pk, tenant=tenant)  # in the lock order: its waiting parent first
+    run = lock_order.lock_run(pk, tenant=tenant)  # in the lock order: its waiting parent first
     if run is None:
         raise RunNotFound(f"no run {run_id}" + (f" in tenant {tenant!r}" if tenant else ""))
     return run
@@ -96,6 +97,8 @@ def cancel_run(
                 f"run {run.id} is {run.status}: only unfinished runs are cancelled"
             )
         text = reason or "cancelled"
+        # Its tree before its flow key: the end releases the key, then cancels the children.
+        children.lock_subtree(run, cancelled=True)
         if compensate and not compensation.active(run.cursor) and compensation.pending(run.state):
             segment = Segment(run.id, run.tenant_id, run)
             type_, started = compensation.begin(

@@ -38,11 +38,12 @@ from kumiflow_django.definition.matching import awaited_as, event_types_for
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import admission, children, compensation
+from kumiflow_django.engine import admission, compensation
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.runner import Opening, Prepared, Steps, execute
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import Pending
+from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import RunWait
@@ -70,7 +71,7 @@ def _settles_a_wait_only(event: Event) -> bool:
 
 
 def lock_run(run_id: uuid.UUID, *, skip_locked: bool) -> WorkflowRun | None:
-    return children.lock_run(run_id, skip_locked=skip_locked)  # in the lock order
+    return lock_order.lock_run(run_id, skip_locked=skip_locked)  # in the lock order
 
 
 def resume_run(
@@ -388,7 +389,7 @@ def wake_waiters(event: Event) -> None:
             # appenders that wake different runs could deadlock.
             ids = list(qs.values_list("id", flat=True))
             if ids:
-                for run in children.lock_runs(ids):
+                for run in lock_order.lock_runs(ids):
                     if satisfies(run, event):
                         _wake_inline(run, event)
         else:

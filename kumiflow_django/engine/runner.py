@@ -31,10 +31,11 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import Trigger, TriggerEvent, Wake, WakeReason, new_state
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import children, compensation, observed
+from kumiflow_django.engine import compensation, observed
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.segment import Segment, advance
 from kumiflow_django.flow.admission import Pending, admitted_until_written
+from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
@@ -209,7 +210,7 @@ def _record(
         with db.atomic():
             row = None
             if not opening.new:
-                row = children.lock_run(opening.run_id)
+                row = lock_order.lock_run(opening.run_id)
                 if row is None or row.version != opening.version:
                     return None
                 if failure is not None:

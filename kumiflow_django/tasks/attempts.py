@@ -33,8 +33,8 @@ from django.db import IntegrityError
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
-from kumiflow_django.engine.children import lock_run
 from kumiflow_django.flow import gates
+from kumiflow_django.projections.lock_order import lock_owned
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import TASKS, StepTask, TaskStatus, append, metadata
 from kumiflow_django.steps.task import import_function
@@ -173,18 +173,6 @@ def claim_due(
     return [_attempt(change.saved, now) for change in changes]
 
 
-def lock_with_run(task_id: uuid.UUID, *, skip_locked: bool = False) -> StepTask | None:
-    """Lock a task whose outcome may wake (and end) its run, in the lock order:
-    the run first (and its waiting parent), then the task; as a cancel of the
-    run locks the run, then its open tasks. ``run_id`` is written once, by
-    ``task.requested``: read without a lock, it cannot change."""
-    run_id = StepTask.objects.filter(pk=task_id).values_list("run_id", flat=True).first()
-    if run_id is None:
-        return None
-    lock_run(run_id)
-    return for_update(StepTask.objects.filter(pk=task_id), skip_locked=skip_locked).first()
-
-
 def _attempt(task: StepTask, started: datetime) -> Attempt:
     context = TaskContext(
         task_id=task.id,
@@ -280,7 +268,7 @@ def _run(attempt: Attempt) -> Outcome:
 def record(attempt: Attempt, outcome: Outcome) -> StepTask | None:
     """Record an attempt's outcome, if it is still the current attempt."""
     with db.atomic():
-        task = lock_with_run(attempt.task_id)
+        task = lock_owned(StepTask, attempt.task_id)
         if task is None:
             return None
         if task.status != TaskStatus.RUNNING or task.attempt != attempt.number:
@@ -339,7 +327,7 @@ def expire(task_id: uuid.UUID, now: datetime) -> StepTask | None:
     its timeout, it stopped heartbeating): it is tried again by the policy."""
     try:
         with db.atomic():
-            task = lock_with_run(task_id, skip_locked=True)
+            task = lock_owned(StepTask, task_id, skip_locked=True)
             if task is None or task.status != TaskStatus.RUNNING:
                 return None
             if task.lease_until is None or task.lease_until >= now:
