@@ -225,6 +225,25 @@ def test_a_parent_cancelled_while_its_child_ends_is_cancelled_and_the_child_comp
     assert types(parent.pk)[-2:] == [ev.CHILD_SETTLED, ev.RUN_CANCELLED]
 
 
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_a_child_due_while_its_parent_is_being_cancelled_is_cancelled_with_it(family):
+    """The other order: the cancel holds the parent first; the child's segment
+    waits (now: for the parent; before: it held the child and waited for the
+    parent at its end, while the cancel waited for the child)."""
+    parent, child = family
+
+    def cancel(holding: threading.Event, go: threading.Event) -> None:
+        with paused_after(RUN_TABLE, holding, go):
+            cancel_run(parent.pk, reason="stop")
+
+    cancel_errors, child_errors = race(cancel, lambda: resume_run(child.pk))
+    assert (cancel_errors, child_errors) == ([], [])
+    assert WorkflowRun.objects.get(pk=parent.pk).status == RunStatus.CANCELLED
+    assert WorkflowRun.objects.get(pk=child.pk).status == RunStatus.CANCELLED
+    assert types(child.pk)[-1] == ev.RUN_CANCELLED
+
+
 # -- the locks each path takes -----------------------------------------------------------
 
 
