@@ -176,7 +176,7 @@ def retrying[**P, T](fn: Callable[P, T]) -> Callable[P, T]:
     """``fn`` (a function that runs whole transactions of its own) run again when
     the database aborted it for a lock conflict (:func:`is_lock_conflict`): up
     to :data:`CONFLICT_ATTEMPTS` times, after a random wait that doubles, so two
-    callers that met stop meeting. The one transient-error retry of the package.
+    callers that met stop meeting. The one retry of lost lock conflicts.
 
     When it keeps losing, or when it runs inside the caller's transaction (which
     only the caller can run again), it raises
