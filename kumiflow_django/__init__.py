@@ -105,6 +105,7 @@ _EXPORTS: dict[str, str] = {
     "DeliveryFailure": "kumiflow_django.store.errors",
     "PermanentFailure": "kumiflow_django.store.errors",
     "StaleVersion": "kumiflow_django.store.errors",
+    "OperationConflict": "kumiflow_django.store.errors",
 }
 
 __all__ = [
@@ -164,6 +165,7 @@ __all__ = [
     "DeliveryFailure",
     "PermanentFailure",
     "StaleVersion",
+    "OperationConflict",
 ]
 
 
@@ -277,6 +279,7 @@ if TYPE_CHECKING:  # pragma: no cover
         KumiflowDeprecationWarning,
         KumiflowError,
         NotInATask,
+        OperationConflict,
         PermanentFailure,
         RunNotFound,
         StaleVersion,

@@ -10,6 +10,11 @@ segment at once. When a child the parent waits for ends, its
 last segment appends ``child-settled`` to the parent's stream (the parent is
 locked first): the parent's state holds the outcome and the parent is due.
 
+Runs are locked in the lock order (``projections/lock_order.py``):
+ancestors before descendants, so a run that may end and tell its parent has
+that parent locked first, as a cancel of the parent locks the parent and
+then its children.
+
 When a run ends, or stops to compensate, :func:`after_end` cleans up after
 it in the same transaction: its tasks that have not settled are cancelled;
 a cancelled run cancels its deliveries not yet made and its children (those
@@ -25,7 +30,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 
 from kumiflow_django.definition.context import Cancellation, ChildRequest, TriggerEvent
 from kumiflow_django.definition.registry import registry
@@ -33,6 +38,7 @@ from kumiflow_django.engine.run_start import ParentLink, RunStart
 from kumiflow_django.flow import gates
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
+from kumiflow_django.projections.lock_order import lock_runs
 from kumiflow_django.projections.runs import FINISHED, RUNS, SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
@@ -176,30 +182,49 @@ def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) 
         if notify_parent and run.parent_id and run.parent_waits:
             settle_parent(run)
         return
+    lock_subtree(run, cancelled=cancelled)
     for task in for_update(StepTask.objects.filter(run_id=run.id, status__in=OPEN_TASKS)):
         cancelled_task = append_task(
             task, ev.TASK_CANCELLED, {"reason": f"run {run.id} is {run.status}"}
         )
         gates.release_task(cancelled_task)  # a limited attempt's slot frees
-    children = WorkflowRun.objects.filter(parent_id=run.id, cancel_with_parent=True).exclude(
-        status__in=FINISHED
-    )
     if cancelled:
         pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
         for dispatch_id in pending.values_list("id", flat=True):
             cancel_dispatch(dispatch_id, reason=f"run {run.id} was cancelled")
-    else:
-        children = children.filter(parent_waits=True)
-    for child_id in children.values_list("id", flat=True):
+    for child_id in _ending_children(run, cancelled).order_by("pk").values_list("id", flat=True):
         cancel_child(child_id, reason=f"its parent run {run.id} is {run.status}")
     if notify_parent and run.status in FINISHED and run.parent_id and run.parent_waits:
         settle_parent(run)
 
 
+def _ending_children(run: WorkflowRun, cancelled: bool) -> QuerySet[WorkflowRun, WorkflowRun]:
+    """The children the end of ``run`` cancels: all but the abandoned ones when
+    it was cancelled, else those it waited for."""
+    children = WorkflowRun.objects.filter(parent_id=run.id, cancel_with_parent=True).exclude(
+        status__in=FINISHED
+    )
+    return children if cancelled else children.filter(parent_waits=True)
+
+
+def lock_subtree(run: WorkflowRun, *, cancelled: bool) -> None:
+    """Lock the children the end of ``run`` cancels and theirs, to the last level,
+    before any of them is cancelled: level by level, so no run is locked after
+    one deeper in the tree (the cancel itself goes depth first)."""
+    level = list(_ending_children(run, cancelled).values_list("id", flat=True))
+    while level:
+        lock_runs(level)
+        level = list(
+            WorkflowRun.objects.filter(parent_id__in=level, cancel_with_parent=True)
+            .exclude(status__in=FINISHED)
+            .values_list("id", flat=True)
+        )
+
+
 def cancel_child(child_id: uuid.UUID | str, *, reason: str) -> None:
     """Cancel a child run (and its children), without telling its parent: the
     parent is the one cancelling it."""
-    child = for_update(WorkflowRun.objects.filter(pk=child_id)).first()
+    child = for_update(WorkflowRun.objects.filter(pk=child_id)).first()  # its parent is held
     if child is None or child.status in FINISHED:
         return
     change = Change(RUNS, str(child.id), child.tenant_id, child, now=clock.now())
@@ -214,10 +239,11 @@ def settle_parent(child: WorkflowRun) -> None:
     """Tell the parent that waits for ``child`` how it ended (its stream; the
     parent is due).
 
-    A thousand children may end one after the other, each locking their
-    parent: this reads and writes only the parent row's few columns the
-    event changes (the fold of ``child-settled`` changes no more), never its
-    state, whatever its size.
+    The parent is locked already (``lock_runs`` takes it before the child);
+    this lock is then only a read of it. A thousand children may end one after
+    the other, each locking their parent: this reads and writes only the
+    parent row's few columns the event changes (the fold of ``child-settled``
+    changes no more), never its state, whatever its size.
     """
     if child.parent_id is None or child.parent_id in _inline_parents.get():
         return  # no parent, or one whose segment takes the outcome itself

@@ -9,7 +9,9 @@ Each appends one event to the run's stream at its current version (the row
 is locked first, so an operation waits for a segment in flight) and updates
 the run row through the projection, like every other change of a run. The
 operator (``by``) and the ``reason`` are stored in that event's payload, and
-``by`` as its ``created_by``: the log says who did what and why.
+``by`` as its ``created_by``: the log says who did what and why. An
+operation that loses a deadlock runs again (``db.retrying``), or answers
+:class:`~kumiflow_django.store.errors.OperationConflict`.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from typing import Any
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
-from kumiflow_django.engine import compensation
+from kumiflow_django.engine import children, compensation
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import lock_key
 from kumiflow_django.flow.gates import RUNS as RUNS_GATE
+from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import (
     COMPENSATE,
     FINISHED,
@@ -68,10 +71,7 @@ def _lock(run_id: uuid.UUID | str, tenant: str | None) -> WorkflowRun:
         pk = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
     except ValueError:
         raise RunNotFound(f"{run_id!r} is not a run id") from None
-    qs = WorkflowRun.objects.filter(pk=pk)
-    if tenant is not None:
-        qs = qs.filter(tenant_id=tenant)
-    run = for_update(qs).first()
+    run = lock_order.lock_run(pk, tenant=tenant)  # in the lock order: its waiting parent first
     if run is None:
         raise RunNotFound(f"no run {run_id}" + (f" in tenant {tenant!r}" if tenant else ""))
     return run
@@ -125,6 +125,7 @@ def _append(run: WorkflowRun, type_: str, payload: dict[str, Any], by: str = "")
     return segment.write()
 
 
+@db.retrying
 def cancel_run(
     run_id: uuid.UUID | str,
     *,
@@ -146,6 +147,8 @@ def cancel_run(
         run = _lock(run_id, tenant)
         raise_refusal(refuse_cancel(run), InvalidRunState, f"run {run.id}")
         text = reason or "cancelled"
+        # Its tree before its flow key: the end releases the key, then cancels the children.
+        children.lock_subtree(run, cancelled=True)
         if compensate and not compensation.active(run.cursor) and compensation.pending(run.state):
             segment = Segment(run.id, run.tenant_id, run)
             type_, started = compensation.begin(
@@ -179,6 +182,7 @@ def cancel_run(
     return updated
 
 
+@db.retrying
 def wake_run(
     run_id: uuid.UUID | str, *, tenant: str | None = None, by: str = "", reason: str = ""
 ) -> WorkflowRun:
@@ -256,6 +260,7 @@ def _retry_task(run: WorkflowRun, restore: dict[str, Any]) -> StepTask | None:
     return append_task(task, ev.TASK_RETRIED, {"run_id": str(run.id)})
 
 
+@db.retrying
 def retry_run(
     run_id: uuid.UUID | str,
     *,

@@ -44,13 +44,14 @@ from kumiflow_django.engine.opening import Opening, Prepared, Steps
 from kumiflow_django.engine.runner import execute
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import Pending
+from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import RunWait
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
-from kumiflow_django.store.db import for_update, is_transient
+from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger, run_log_fields
 from kumiflow_django.store.wakeups import WorkKind, work_committed
@@ -72,7 +73,7 @@ def _settles_a_wait_only(event: Event) -> bool:
 
 
 def lock_run(run_id: uuid.UUID, *, skip_locked: bool) -> WorkflowRun | None:
-    return for_update(WorkflowRun.objects.filter(pk=run_id), skip_locked=skip_locked).first()
+    return lock_order.lock_run(run_id, skip_locked=skip_locked)  # in the lock order
 
 
 def resume_run(
@@ -383,14 +384,13 @@ def wake_waiters(event: Event) -> None:
     qs = _waiting_query(event)
     if qs is not None:
         if settings.EVENT_WAKE == "inline":
-            # Find them without locking, then lock them by primary key in one
-            # statement, in key order: a locking read through a secondary index
-            # would lock every row it scans on MariaDB, and two appenders that
-            # wake different runs could deadlock.
+            # Find them without locking, then lock them by primary key, in the
+            # lock order (their waiting parents first): a locking read through a
+            # secondary index would lock every row it scans on MariaDB, and two
+            # appenders that wake different runs could deadlock.
             ids = list(qs.values_list("id", flat=True))
             if ids:
-                locked = for_update(WorkflowRun.objects.filter(pk__in=ids).order_by("pk"))
-                for run in locked:
+                for run in lock_order.lock_runs(ids):
                     if satisfies(run, event):
                         _wake_inline(run, event)
         else:

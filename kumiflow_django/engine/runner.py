@@ -34,12 +34,12 @@ from kumiflow_django.engine.opening import Opening, Prepared, keyed_run
 from kumiflow_django.engine.run_start import RunStart
 from kumiflow_django.engine.segment import Segment, advance
 from kumiflow_django.flow.admission import admitted_until_written
+from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
-from kumiflow_django.store.db import for_update
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text
@@ -144,7 +144,7 @@ def _record(
         with db.atomic():
             row = None
             if not opening.new:
-                row = for_update(WorkflowRun.objects.filter(pk=opening.run_id)).first()
+                row = lock_order.lock_run(opening.run_id)
                 if row is None or row.version != opening.version:
                     return None
                 if failure is not None:

@@ -15,6 +15,7 @@ from kumiflow_django import (
     InvalidEvent,
     InvalidRunState,
     KumiflowError,
+    OperationConflict,
     RunNotFound,
     TenantMismatch,
     UnknownWorkflow,
@@ -79,6 +80,6 @@ def from_kumiflow(exc: KumiflowError, *, field: str | None = None) -> ApiError:
         return ApiError("conflict", str(exc), "expected_version")
     if isinstance(exc, TenantMismatch):
         return ApiError("conflict", f"stream {exc.stream_id!r} belongs to another tenant", field)
-    if isinstance(exc, InvalidRunState):
+    if isinstance(exc, InvalidRunState | OperationConflict):
         return ApiError("conflict", str(exc), None)
     return ApiError("bad_request", str(exc), field)

@@ -10,10 +10,10 @@ import uuid
 from datetime import datetime
 
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus, append
+from kumiflow_django.projections.lock_order import lock_owned
 from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
-from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import DispatchNotFound, InvalidDispatchState, raise_refusal
 from kumiflow_django.store.log import erase_stream
 from kumiflow_django.store.wakeups import WorkKind, work_committed
@@ -24,7 +24,7 @@ def _locked(dispatch_id: uuid.UUID | str) -> Dispatch:
         pk = dispatch_id if isinstance(dispatch_id, uuid.UUID) else uuid.UUID(str(dispatch_id))
     except ValueError:
         raise DispatchNotFound(f"{dispatch_id!r} is not a dispatch id") from None
-    dispatch = for_update(Dispatch.objects.filter(pk=pk)).first()
+    dispatch = lock_owned(Dispatch, pk)  # after its run: its outcome may wake the run
     if dispatch is None:
         raise DispatchNotFound(f"no dispatch {dispatch_id}")
     return dispatch

@@ -28,6 +28,7 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.outbox.kinds import dispatch_kinds
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, append
+from kumiflow_django.projections.lock_order import lock_owned
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
@@ -134,7 +135,8 @@ def deliver_one(dispatch_id: uuid.UUID, version: int) -> bool:
 
 def _record(dispatch: Dispatch, outcome: str, payload: dict[str, Any]) -> bool:
     with db.atomic():
-        current = _lock(dispatch.id, dispatch.version, skip_locked=False)
+        # after its run: an awaited outcome wakes the run (docs: "Lock order")
+        current = lock_owned(Dispatch, dispatch.id, version=dispatch.version)
         if current is None:
             # Our lease ran out and another dispatcher took the row over: its
             # outcome is the one that counts.

@@ -21,10 +21,20 @@ stream versions are the guard that holds: these locks only save work.
   again (a value it cannot store, a check constraint, a trigger), so the work
   is retried a bounded number of times with backoff, then given up with a
   reason, never retried at once forever.
+
+A **lock conflict** (a deadlock broken, a serialization failure, a lock wait
+that timed out) is the transient error a public operation can still lose
+when it meets another transaction: :func:`retrying` runs it again (bounded,
+with jitter) and answers :class:`~kumiflow_django.store.errors.OperationConflict`
+when it keeps losing, never the raw database error. The order in which
+transactions take their locks is in docs/architecture.md ("Lock order").
 """
 
 from __future__ import annotations
 
+import functools
+import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +43,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model, QuerySet
 
 from kumiflow_django.conf import settings
+from kumiflow_django.store.errors import OperationConflict
+from kumiflow_django.store.telemetry import get_logger
+
+logger = get_logger("kumiflow_django.store.db")
 
 
 def alias() -> str:
@@ -89,6 +103,10 @@ _PG_TRANSIENT = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "25P03", 
 # connection killed, idle disconnect.
 _MYSQL_TRANSIENT = {1205, 1213, 1040, 2006, 2013, 2003, 1927, 4031}
 _SQLITE_TRANSIENT = ("database is locked", "database table is locked")
+# The lock conflicts among them: serialization failure, deadlock, lock not
+# available; deadlock, lock wait timeout.
+_PG_CONFLICT = {"40001", "40P01", "55P03"}
+_MYSQL_CONFLICT = {1213, 1205}
 
 
 def constraint_name(error: BaseException) -> str | None:
@@ -138,3 +156,65 @@ def is_transient(error: BaseException) -> bool:
         return True
     # psycopg reports a dropped connection as OperationalError without a SQLSTATE.
     return type(cause).__name__ == "OperationalError" and sqlstate is None and "closed" in text
+
+
+def is_lock_conflict(error: BaseException) -> bool:
+    """Whether the database aborted the transaction because it met another one
+    (a deadlock, a serialization failure, a lock wait that timed out): the same
+    transaction, run again, may well succeed."""
+    if not isinstance(error, DatabaseError):
+        return False
+    cause = error.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate in _PG_CONFLICT
+    args = getattr(cause, "args", None) or error.args
+    if args and isinstance(args[0], int):
+        return args[0] in _MYSQL_CONFLICT
+    return any(phrase in str(error).lower() for phrase in _SQLITE_TRANSIENT)
+
+
+#: How many times a public operation runs when it loses lock conflicts.
+CONFLICT_ATTEMPTS = 5
+#: The first wait between two runs of it, in seconds; it doubles (with jitter).
+CONFLICT_BACKOFF = 0.02
+
+
+def retrying[**P, T](fn: Callable[P, T]) -> Callable[P, T]:
+    """``fn`` (a function that runs whole transactions of its own) run again when
+    the database aborted it for a lock conflict (:func:`is_lock_conflict`): up
+    to :data:`CONFLICT_ATTEMPTS` times, after a random wait that doubles, so two
+    callers that met stop meeting. The one retry of lost lock conflicts.
+
+    When it keeps losing, or when it runs inside the caller's transaction (which
+    only the caller can run again), it raises
+    :class:`~kumiflow_django.store.errors.OperationConflict`: nothing was changed,
+    the caller may try again. Other errors pass through at once.
+    """
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            nested = in_transaction()
+            try:
+                return fn(*args, **kwargs)
+            except DatabaseError as exc:
+                if not is_lock_conflict(exc):
+                    raise
+                if nested or attempt == CONFLICT_ATTEMPTS:
+                    raise OperationConflict(
+                        f"{fn.__name__} lost to a concurrent transaction "
+                        f"({'in the caller' if nested else f'{attempt} times'}): "
+                        "nothing was changed; try again"
+                    ) from exc
+                delay = random.uniform(0, CONFLICT_BACKOFF * 2**attempt)  # noqa: S311 - jitter
+                logger.info(
+                    "%s lost a lock conflict (%s); running it again in %.3f s",
+                    fn.__name__,
+                    exc,
+                    delay,
+                )
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return run

@@ -153,3 +153,8 @@ class KumiflowDeprecationWarning(DeprecationWarning):
     errors can let these through while it moves to the new spelling
     (``filterwarnings = ["error", "default::kumiflow_django.KumiflowDeprecationWarning"]``).
     """
+
+
+class OperationConflict(KumiflowError):
+    """The operation kept losing to concurrent transactions (a deadlock, a
+    serialization failure): nothing was changed, and trying again may succeed."""

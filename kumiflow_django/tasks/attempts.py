@@ -37,6 +37,7 @@ from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.flow import gates
+from kumiflow_django.projections.lock_order import lock_owned
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import TASKS, StepTask, TaskStatus, append, metadata
 from kumiflow_django.steps.task import import_function
@@ -266,11 +267,12 @@ def _run(attempt: Attempt) -> Outcome:
     return Outcome(ok=True, result=result, duration=time.monotonic() - began)
 
 
+@db.retrying
 def record(attempt: Attempt, outcome: Outcome) -> StepTask | None:
     """Record an attempt's outcome, if it is still the current attempt and its
     lease has not run out (at the engine's clock)."""
     with db.atomic():
-        task = for_update(StepTask.objects.filter(pk=attempt.task_id)).first()
+        task = lock_owned(StepTask, attempt.task_id)
         if task is None:
             return None
         now = clock.now()
@@ -335,7 +337,7 @@ def expire(task_id: uuid.UUID, now: datetime) -> StepTask | None:
     its timeout, it stopped heartbeating): it is tried again by the policy."""
     try:
         with db.atomic():
-            task = for_update(StepTask.objects.filter(pk=task_id), skip_locked=True).first()
+            task = lock_owned(StepTask, task_id, skip_locked=True)
             if task is None or task.status != TaskStatus.RUNNING:
                 return None
             if not leases.ran_out(task.lease_until, now):

@@ -1,0 +1,79 @@
+"""The lock order, written once (docs/architecture.md, "Lock order").
+
+A transaction that locks several rows takes them in this order, so two that
+meet wait for each other in one direction only: runs, ancestors before
+descendants (by depth in their tree, then by key); then the rows a run owns
+(its task attempts, its dispatches), each after its run; flow keys and rate
+buckets last. Runs are locked here and nowhere else; a task or a dispatch
+whose outcome may wake (and end) its run is locked here too, after its run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+
+from kumiflow_django.projections.dispatches import Dispatch
+from kumiflow_django.projections.runs import WorkflowRun
+from kumiflow_django.projections.tasks import StepTask
+from kumiflow_django.store.db import for_update
+
+
+def lock_runs(
+    ids: Collection[uuid.UUID], *, tenant: str | None = None, skip_locked: bool = False
+) -> list[WorkflowRun]:
+    """Lock the runs ``ids`` (of ``tenant``), and before them the parents that
+    wait for them, in the lock order: by depth in their trees, then by primary
+    key, one statement per depth (rows of a ``pk IN`` are locked in key order on
+    every database). A run that ends in this transaction tells its parent
+    (``engine.children.settle_parent``), and a cancel of that parent locks it
+    before its children: the parent must come first here too.
+
+    ``skip_locked``: leave out those of ``ids`` another transaction holds (the
+    parents are waited for; nothing is held while waiting for them). Returns the
+    locked runs of ``ids`` (not the parents), by depth and key.
+    """
+    qs = WorkflowRun.objects.filter(pk__in=list(ids))
+    if tenant is not None:
+        qs = qs.filter(tenant_id=tenant)
+    # parent_id, parent_waits and depth are written once, by run-started: read
+    # without a lock, they cannot change before the lock is taken.
+    levels: dict[int, set[uuid.UUID]] = {}
+    wanted: set[uuid.UUID] = set()
+    for pk, depth, parent, waits in qs.values_list("pk", "depth", "parent_id", "parent_waits"):
+        wanted.add(pk)
+        levels.setdefault(depth, set()).add(pk)
+        if waits and parent is not None:
+            levels.setdefault(depth - 1, set()).add(parent)
+    locked: list[WorkflowRun] = []
+    for depth in sorted(levels):
+        group = levels[depth]
+        rows = for_update(
+            WorkflowRun.objects.filter(pk__in=list(group)).order_by("pk"),
+            skip_locked=skip_locked and group <= wanted,
+        )
+        locked += [run for run in rows if run.pk in wanted]
+    return locked
+
+
+def lock_run(
+    run_id: uuid.UUID, *, tenant: str | None = None, skip_locked: bool = False
+) -> WorkflowRun | None:
+    """One run, locked in the lock order (see :func:`lock_runs`); None if it does
+    not exist (in ``tenant``) or, with ``skip_locked``, another transaction holds it."""
+    locked = lock_runs([run_id], tenant=tenant, skip_locked=skip_locked)
+    return locked[0] if locked else None
+
+
+def lock_owned[M: (StepTask, Dispatch)](
+    model: type[M], pk: uuid.UUID, *, skip_locked: bool = False, **also: object
+) -> M | None:
+    """A task or a dispatch (``also``: further conditions), locked after its run
+    (and the run's waiting parent): its outcome may wake and end the run, and a
+    cancel of the run locks the run, then the rows it owns. ``run_id`` is written
+    once, by the row's first event: read without a lock, it cannot change."""
+    qs = model._default_manager.filter(pk=pk, **also)
+    run_id = qs.values_list("run_id", flat=True).first()
+    if run_id is not None:
+        lock_run(run_id)
+    return for_update(qs, skip_locked=skip_locked).first()
