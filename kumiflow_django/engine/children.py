@@ -34,6 +34,7 @@ from django.db.models import Max, QuerySet
 
 from kumiflow_django.definition.context import Cancellation, ChildRequest, TriggerEvent
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.engine import admission
 from kumiflow_django.engine.run_start import ParentLink, RunStart
 from kumiflow_django.flow import gates
 from kumiflow_django.outbox.actions import cancel_dispatch
@@ -44,6 +45,7 @@ from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
 from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.projections.tasks import append as append_task
+from kumiflow_django.projections.waits import sync as sync_waits
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
@@ -172,6 +174,25 @@ def outcome(run: WorkflowRun) -> dict[str, Any]:
     return settled
 
 
+def ended(
+    run: WorkflowRun,
+    *,
+    had_waits: bool,
+    cancelled: bool,
+    release: bool = True,
+    notify_parent: bool = True,
+) -> None:
+    """What every end of a run does in its transaction once its row is
+    written, whoever ended it (``Segment.write``, the cancel of a child run):
+    the waits of its branches go, its concurrency key's slot frees and wakes
+    what is parked behind it, and :func:`after_end` cleans up after it."""
+    if had_waits:
+        sync_waits(run.id, run.tenant_id, [], had=True)
+    if release and run.flow_key:
+        admission.release(run)
+    after_end(run, cancelled=cancelled, notify_parent=notify_parent)
+
+
 def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) -> None:
     """Clean up after a run that ended (or stops to compensate), in its transaction.
 
@@ -227,11 +248,12 @@ def cancel_child(child_id: uuid.UUID | str, *, reason: str) -> None:
     child = for_update(WorkflowRun.objects.filter(pk=child_id)).first()  # its parent is held
     if child is None or child.status in FINISHED:
         return
+    had_waits = child.branch_waits > 0
     change = Change(RUNS, str(child.id), child.tenant_id, child, now=clock.now())
     child.lease_owner, child.lease_until = "", None
     change.add(ev.RUN_CANCELLED, {"reason": reason})
     write([change])
-    after_end(change.saved, cancelled=True, notify_parent=False)
+    ended(change.saved, had_waits=had_waits, cancelled=True, notify_parent=False)
     logger.info("run %s cancelled: %s", child_id, reason)
 
 

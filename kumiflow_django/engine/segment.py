@@ -30,7 +30,7 @@ from kumiflow_django.definition.context import (
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import admission, children, compensation
+from kumiflow_django.engine import children, compensation
 from kumiflow_django.engine.failure import Failure, capped_steps, capped_traceback
 from kumiflow_django.engine.opening import segment_depth as _depth
 from kumiflow_django.flow.admission import Pending
@@ -115,8 +115,9 @@ class Segment:
         announce its events; after commit, the loops learn of the new work."""
         write([self.run, *self.dispatches, *self.tasks])
         row = self.row
+        ended = row.status in FINISHED and not self.was_finished
         last = self.run.events[-1] if self.run.events else None
-        if last is not None and (self.had_waits or row.branch_waits):
+        if not ended and last is not None and (self.had_waits or row.branch_waits):
             if last.type in (ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED):
                 sync_waits(row.id, row.tenant_id, waits_of(last), had=self.had_waits)
             elif not row.branch_waits:  # it no longer waits in branches
@@ -124,16 +125,17 @@ class Segment:
             # else: still waiting there (an event matched, a child ended): as it was
         if self.cancellations:
             children.cancel(row, self.cancellations)
-        ended = row.status in FINISHED and not self.was_finished
         if self.flow_entry is not None:
             self.flow_entry.written = True  # counted from its row now
-        quiet = self.run.new and self.flow_entry is not None and self.flow_entry.quiet
-        if ended and row.flow_key and not quiet:
-            admission.release(row)  # wake the runs parked behind its key
-        if ended or (self.run.events and self.run.events[-1].type == ev.COMPENSATION_STARTED):
-            cancelled = row.status == RunStatus.CANCELLED or (
-                (row.state or {}).get("compensating", {}).get("then") == "cancelled"
-            )
+        cancelled = row.status == RunStatus.CANCELLED or (
+            (row.state or {}).get("compensating", {}).get("then") == "cancelled"
+        )
+        if ended:
+            # A new run that ended in its first segment with nothing parked
+            # behind its key meanwhile frees no slot anyone waits for.
+            quiet = self.run.new and self.flow_entry is not None and self.flow_entry.quiet
+            children.ended(row, had_waits=self.had_waits, cancelled=cancelled, release=not quiet)
+        elif last is not None and last.type == ev.COMPENSATION_STARTED:
             children.after_end(row, cancelled=cancelled)
         if any(d.saved.status == DispatchStatus.PENDING for d in self.dispatches):
             work_committed(WorkKind.DISPATCH)
