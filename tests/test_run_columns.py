@@ -77,11 +77,7 @@ SCHEDULER = {
 }
 
 #: Writes of fold-owned columns outside the fold's write path, still to fix.
-KNOWN_VIOLATIONS = {
-    # The fold of child-settled copied by hand (version, updated_at, wake_at)
-    # to avoid reading the parent's state: issue 23, engine/children.py.
-    ("engine/children.py", "settle_parent"): frozenset({"version", "updated_at", "wake_at"}),
-}
+KNOWN_VIOLATIONS: dict[tuple[str, str], frozenset[str]] = {}
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from kumiflow_django.flow import gates
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.lock_order import lock_runs
-from kumiflow_django.projections.runs import FINISHED, RUNS, SUSPENDED, RunStatus, WorkflowRun
-from kumiflow_django.projections.stream import Change, StaleRow, write
+from kumiflow_django.projections.runs import FINISHED, RUNS, RunStatus, WorkflowRun
+from kumiflow_django.projections.stream import Change, write
 from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
 from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.projections.tasks import append as append_task
@@ -49,7 +49,6 @@ from kumiflow_django.projections.waits import sync as sync_waits
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
-from kumiflow_django.store.log import insert, notify
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
@@ -263,39 +262,25 @@ def settle_parent(child: WorkflowRun) -> None:
 
     The parent is locked already (``lock_runs`` takes it before the child);
     this lock is then only a read of it. A thousand children may end one after
-    the other, each locking their parent: this reads and writes only the
-    parent row's few columns the event changes (the fold of ``child-settled``
-    changes no more), never its state, whatever its size.
+    the other, each locking their parent: this loads only the parent row's few
+    columns the fold of ``child-settled`` reads and changes, never its state,
+    whatever its size, and writes them through the fold like any change.
     """
     if child.parent_id is None or child.parent_id in _inline_parents.get():
         return  # no parent, or one whose segment takes the outcome itself
-    row = (
-        for_update(WorkflowRun.objects.filter(pk=child.parent_id))
-        .values_list("tenant_id", "version", "status", "wake_at")
-        .first()
+    parent = (
+        for_update(WorkflowRun.objects.filter(pk=child.parent_id)).only(*SETTLE_COLUMNS).first()
     )
-    if row is None or row[2] in FINISHED:
+    if parent is None or parent.status in FINISHED:
         return
-    tenant, version, status, wake_at = row
-    now = clock.now()
-    event = Event(
-        tenant_id=tenant,
-        stream_type=ev.RUN_STREAM,
-        stream_id=str(child.parent_id),
-        version=version + 1,
-        type=ev.CHILD_SETTLED,
-        payload={"child_id": str(child.id), **outcome(child)},
-        metadata={},
-        created_at=now,
-    )
-    insert([event])
-    changes: dict[str, Any] = {"version": version + 1, "updated_at": now}
-    if status in SUSPENDED:  # as the fold of child-settled does
-        changes["wake_at"] = min(wake_at or now, now)
-    if not WorkflowRun.objects.filter(pk=child.parent_id, version=version).update(**changes):
-        raise StaleRow(f"parent run {child.parent_id} moved on while it was locked")
-    notify([event])
-    work_committed(WorkKind.RESUME, changes.get("wake_at"), child.parent_id)
+    change = Change(RUNS, str(parent.id), parent.tenant_id, parent, now=clock.now())
+    change.add(ev.CHILD_SETTLED, {"child_id": str(child.id), **outcome(child)})
+    write([change])
+    work_committed(WorkKind.RESUME, change.saved.wake_at, parent.id)
+
+
+#: What the fold of ``child-settled`` reads and writes of the parent's row.
+SETTLE_COLUMNS = ("id", "tenant_id", "version", "status", "wake_at", "updated_at")
 
 
 def cancel(run: WorkflowRun, cancellations: list[Cancellation]) -> None:

@@ -61,7 +61,10 @@ def insert(model: type[Model], objs: Sequence[Model], *, using: str, return_pk: 
 
 
 def snapshot(obj: Model) -> dict[str, Any]:
-    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+    """The loaded column values of ``obj`` (a field deferred with ``only()``
+    is left out, not loaded: a change of a partial row writes what it loaded)."""
+    values = obj.__dict__
+    return {f.attname: values[f.attname] for f in obj._meta.concrete_fields if f.attname in values}
 
 
 def update_changed(obj: Model, before: dict[str, Any], *, where: dict[str, Any], using: str) -> int:
@@ -70,10 +73,13 @@ def update_changed(obj: Model, before: dict[str, Any], *, where: dict[str, Any],
     connection = connections[using]
     qn = connection.ops.quote_name
     meta = obj._meta
+    values = obj.__dict__
     changed = [
         f
         for f in meta.concrete_fields
-        if not f.primary_key and getattr(obj, f.attname) != before[f.attname]
+        if not f.primary_key
+        and f.attname in before
+        and values.get(f.attname, before[f.attname]) != before[f.attname]
     ]
     if not changed:
         changed = [meta.get_field("version")]  # type: ignore[list-item]
