@@ -250,11 +250,14 @@ _SPACE = (
     "\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
     "\\u2028\\u2029\\u202f\\u205f\\u3000"
 )
+# Leading space, then (if anything else) text from and to a character that is
+# neither space nor control, then trailing space. Each part can only start where
+# the one before must end, so a backtracking engine takes linear time.
 _LINES = (
     f"^[{_SPACE}]*"
     f"(?:[^{_CONTROL_BUT_LINES}{_SPACE}]"
-    f"(?:[^{_CONTROL_BUT_LINES}]*[^{_CONTROL_BUT_LINES}{_SPACE}])?)?"
-    f"[{_SPACE}]*$"
+    f"(?:[^{_CONTROL_BUT_LINES}]*[^{_CONTROL_BUT_LINES}{_SPACE}])?"
+    f"[{_SPACE}]*)?$"
 )
 
 _REASON = {
