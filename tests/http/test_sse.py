@@ -218,11 +218,18 @@ def take_away(how: str) -> None:
         assert revoke_token(ApiToken.objects.get().name)
     elif how == "expired":
         ApiToken.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
-    else:  # may no longer view runs
+    elif how == "no-view":  # may no longer view runs
         ApiToken.objects.update(permissions=["kumiflow.append_event"])
+    else:  # moved to another tenant: the run is not one it sees
+        ApiToken.objects.update(tenant_id="elsewhere")
 
 
-CODES = {"revoked": "unauthenticated", "expired": "unauthenticated", "no-view": "forbidden"}
+CODES = {
+    "revoked": "unauthenticated",
+    "expired": "unauthenticated",
+    "no-view": "forbidden",
+    "other-tenant": "not_found",
+}
 
 
 @pytest.mark.parametrize("how", list(CODES))
