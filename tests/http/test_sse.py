@@ -205,7 +205,7 @@ def test_a_polling_stream_sends_heartbeats_while_waiting_and_events_as_they_come
 # -- a stream lasts longer than its token may ------------------------------------------------
 
 
-def error_of(frame: bytes) -> dict:
+def error_of(frame: bytes) -> Any:
     [message] = parse(frame)
     assert message["event"] == "error", message
     return json.loads(message["data"])["error"]
@@ -334,7 +334,8 @@ def body_of_the_view(request, run) -> tuple[int, bytes]:
             return response.status_code, b"".join([c async for c in response.streaming_content])
         return response.status_code, b"".join(response.streaming_content)
 
-    return async_to_sync(call)()
+    answer: tuple[int, bytes] = async_to_sync(call)()
+    return answer
 
 
 def test_head_opens_no_stream_under_wsgi_and_asgi(approval):
