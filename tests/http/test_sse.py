@@ -445,6 +445,7 @@ def test_a_listening_wsgi_stream_is_woken_by_the_notification(approval, viewer, 
         thread = approve_in_a_thread("o-1")
         assert next(frames).split(b"\n")[0] == b"id: 3"
         assert wakes == [True], "woken by NOTIFY, not by the 30 s poll"
+        assert connection.connection is None, "the token's check let go of Django's"
         thread.join()
         frames.close()
 
@@ -464,14 +465,16 @@ def test_a_listening_asgi_stream_is_woken_and_its_connection_closed_with_it(
         listening = await sync_to_async(sse_backends)()
         await sync_to_async(approve_in_a_thread("o-1").join)()
         got.append(await anext(frames))
+        released = await sync_to_async(lambda: connection.connection is None)()
         await frames.aclose()  # what Django does when the client goes away
-        return got, listening
+        return got, listening, released
 
     with override_settings(KUMIFLOW_SSE_POLL_INTERVAL=30, KUMIFLOW_SSE_HEARTBEAT=60):
         before = sse_backends()
-        got, listening = async_to_sync(follow)()
+        got, listening, released = async_to_sync(follow)()
     assert [f.split(b"\n")[0] for f in got[1:]] == [b"id: 1", b"id: 2", b"id: 3"]
     assert wakes == [True], "woken by NOTIFY, not by the 30 s poll"
+    assert released, "the token's check let go of Django's connection"
     deadline = time.monotonic() + 10  # the server ends a closed backend on its own time
     while sse_backends() and time.monotonic() < deadline:
         time.sleep(0.05)
