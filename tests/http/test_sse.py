@@ -393,10 +393,12 @@ postgres = pytest.mark.skipif(
 
 
 def sse_backends() -> int:
-    """The database backends that live streams hold now."""
+    """The database backends that live streams of this test database hold now (not
+    those of another test run on the same server)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'kumiflow-sse' AND datname = current_database()"
         )
         return int(cursor.fetchone()[0])
 
@@ -489,7 +491,8 @@ def test_a_stream_whose_connection_breaks_reopens_it_and_misses_nothing(approval
     def sse_pids() -> list[int]:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = 'kumiflow-sse'"
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE application_name = 'kumiflow-sse' AND datname = current_database()"
             )
             return [row[0] for row in cursor.fetchall()]
 
