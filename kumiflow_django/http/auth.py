@@ -14,7 +14,7 @@ Two schemes, both Django's own building blocks:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 
 from kumiflow_django.conf import settings
 from kumiflow_django.http.errors import ApiError
-from kumiflow_django.http.tokens import find_token
+from kumiflow_django.http.tokens import find_token_by_hash, hash_token
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -39,6 +39,17 @@ class Principal:
     #: The token's permissions; None for a user (Django's ``has_perm`` decides).
     token_permissions: frozenset[str] | None = None
     user: Any = None
+    #: The token's hash, to look it up again (:meth:`current`); None for a user.
+    key_hash: str | None = field(default=None, repr=False)
+
+    def current(self) -> Principal:
+        """The caller as of now, for a request that lasts (a live stream): a token is
+        looked up again as a new request looks it up, so a revoked or expired one
+        raises the same 401 and changed permissions or tenant count at once. A user
+        is as the request's session found them."""
+        if self.key_hash is None:
+            return self
+        return _token_principal(self.key_hash)
 
     def has_perm(self, perm: str) -> bool:
         if self.token_permissions is not None:
@@ -64,7 +75,7 @@ def authenticate(request: HttpRequest) -> Principal:
     """The caller of ``request``, or an :class:`ApiError` (401, or 403 for CSRF)."""
     header = request.META.get("HTTP_AUTHORIZATION")
     if header is not None:
-        return _token_principal(header)
+        return _token_principal(_bearer_hash(header))
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         raise ApiError(
@@ -78,18 +89,24 @@ def authenticate(request: HttpRequest) -> Principal:
     return Principal(name=f"user:{username}", tenants=user_tenants(user), user=user)
 
 
-def _token_principal(header: str) -> Principal:
+def _bearer_hash(header: str) -> str:
     scheme, _, secret = header.partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
         raise ApiError("unauthenticated", "the Authorization header must be: Bearer <token>")
-    token = find_token(secret)
+    return hash_token(secret)
+
+
+def _token_principal(key_hash: str) -> Principal:
+    """The caller of a token: what every request checks, and a stream again while it lasts."""
+    token = find_token_by_hash(key_hash)
     if token is None:
         raise ApiError("unauthenticated", "the token is unknown, revoked or expired")
     return Principal(
         name=f"token:{token.name}",
         tenants=(token.tenant_id,),
         token_permissions=frozenset(token.permissions),
+        key_hash=key_hash,
     )
 
 

@@ -174,7 +174,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "finished, a last message `event: end` with `data: "
         '{"status": ..., "stream_version": ...}` is sent and the stream closes; a '
         "reconnect after that is answered 204 (which stops an EventSource). "
-        "Comments (`: keep-alive`) are sent every KUMIFLOW_SSE_HEARTBEAT seconds.",
+        "Comments (`: keep-alive`) are sent every KUMIFLOW_SSE_HEARTBEAT seconds. "
+        "The token is checked again at every heartbeat and before new events are "
+        "sent: once it is revoked, expired or without the view permission, a last "
+        "message `event: error` with `data:` the Error schema ends the stream.",
         tokens.VIEW,
         200,
         None,

@@ -242,10 +242,31 @@ APPEND_EVENT: dict[str, Any] = {
     },
 }
 
+# What an operator's reason may hold (store.audit.check_operator): no control
+# character but a tab and line breaks, once white space (str.isspace) is
+# trimmed from both ends. Written out for ECMA-262 too: no \s, which differs.
+_CONTROL_BUT_LINES = "\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f-\\u009f\\ud800-\\udfff"
+_SPACE = (
+    "\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
+    "\\u2028\\u2029\\u202f\\u205f\\u3000"
+)
+# Leading space, then (if anything else) text from and to a character that is
+# neither space nor control, then trailing space. Each part can only start where
+# the one before must end, so a backtracking engine takes linear time.
+_LINES = (
+    f"^[{_SPACE}]*"
+    f"(?:[^{_CONTROL_BUT_LINES}{_SPACE}]"
+    f"(?:[^{_CONTROL_BUT_LINES}]*[^{_CONTROL_BUT_LINES}{_SPACE}])?"
+    f"[{_SPACE}]*)?$"
+)
+
 _REASON = {
     "type": "string",
     "maxLength": 500,
-    "description": "Why; recorded with the caller's name on the run's event.",
+    "pattern": _LINES,
+    "description": "Why; recorded with the caller's name on the run's event. Tabs and "
+    "line breaks are kept, no other control character (white space at both ends "
+    "is trimmed).",
 }
 
 CANCEL_RUN: dict[str, Any] = {
@@ -329,9 +350,7 @@ def _validate_string(value: str, schema: dict[str, Any], field: str) -> None:
         raise bad_request(field, f"must be at most {schema['maxLength']} characters long")
     pattern = schema.get("pattern")
     if pattern is not None and not _compiled(pattern).search(value):
-        if pattern == _PLAIN:
-            raise bad_request(field, "must not contain control characters")
-        raise bad_request(field, f"must match {pattern}")
+        raise bad_request(field, _REFUSALS.get(pattern, f"must match {pattern}"))
 
 
 def _validate_object(value: dict[str, Any], schema: dict[str, Any], field: str) -> None:
@@ -349,6 +368,11 @@ def _validate_object(value: dict[str, Any], schema: dict[str, Any], field: str) 
             validate(value[name], sub, prefix + name)
 
 
+#: What a refusal by one of these patterns says, instead of the pattern.
+_REFUSALS = {
+    _PLAIN: "must not contain control characters",
+    _LINES: "must not contain control characters other than tabs and line breaks",
+}
 _PATTERNS: dict[str, re.Pattern[str]] = {}
 
 

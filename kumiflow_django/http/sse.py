@@ -20,6 +20,13 @@ What wakes a stream to read its run's new events:
 A client that goes away frees its connection at once under ASGI (Django
 cancels the response, the iterator's ``finally`` closes it); under WSGI
 the server notices at the next write, at the latest at the next heartbeat.
+
+A stream lasts longer than its request, so it asks again whether its caller
+may still view the run (:meth:`~kumiflow_django.http.auth.Principal.current`,
+the lookup every request makes): before it sends what a read found, and at
+every heartbeat. A token revoked, expired or without the view permission any
+more ends the stream with an ``event: error`` message (the 401 or 403 a new
+request would get) within one heartbeat, and nothing appended after it is sent.
 """
 
 from __future__ import annotations
@@ -41,11 +48,11 @@ from django.views.decorators.csrf import csrf_exempt
 
 from kumiflow_django.conf import settings
 from kumiflow_django.http import openapi, service, tokens
-from kumiflow_django.http.auth import authenticate
+from kumiflow_django.http.auth import Principal, authenticate
 from kumiflow_django.http.errors import ApiError
 from kumiflow_django.http.notify import CHANNEL, listening
 from kumiflow_django.http.serializers import EVENT_FIELDS, event_json
-from kumiflow_django.http.views import convert, method_not_allowed
+from kumiflow_django.http.views import convert, method_not_allowed, options
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
 from kumiflow_django.store import db
 from kumiflow_django.store.telemetry import get_logger
@@ -59,6 +66,24 @@ HEARTBEAT = b": keep-alive\n\n"
 #: Sent first, once the stream listens: the client knows it is connected.
 OPENED = b": connected\n\n"
 ENDPOINT = next(e for e in openapi.ENDPOINTS if e.operation_id == "streamRunEvents")
+
+
+class Clock:
+    """How a stream tells the time and waits between two polls. The tests give a
+    stream a clock of their own, so that a heartbeat is due when they say, not
+    when a busy machine gets round to it."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+CLOCK = Clock()
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,8 @@ class StreamSpec:
     alias: str
     #: psycopg connection parameters when the stream LISTENs; None when it polls.
     listen: dict[str, Any] | None
+    #: Who follows the run: asked again while the stream lasts (:func:`denied`).
+    principal: Principal
 
 
 def frame(event: dict[str, Any]) -> bytes:
@@ -90,14 +117,40 @@ def end_frame(status: str | None, version: int) -> bytes:
     return f"event: end\ndata: {data}\n\n".encode()
 
 
+def error_frame(error: ApiError) -> bytes:
+    """The last message of a stream whose caller may no longer follow it: the
+    error a new request would answer, in the API's error shape."""
+    data = json.dumps(error.body(), ensure_ascii=False, separators=(",", ":"))
+    return f"event: error\ndata: {data}\n\n".encode()
+
+
+def denied(spec: StreamSpec, *, release: bool) -> bytes | None:
+    """None while the stream's caller may still view its run; else the error frame
+    that ends the stream. ``release``: a LISTEN stream lets go of the Django
+    connection the check used, as it did when it opened."""
+    try:
+        viewer = spec.principal.current()
+        viewer.require(tokens.VIEW)
+        if spec.tenant not in viewer.tenants:  # as service.find_run sees it
+            raise ApiError("not_found", "no such run")
+    except ApiError as error:
+        logger.info("run %s: the stream of %s ends: %s", spec.run_id, spec.principal.name, error)
+        return error_frame(error)
+    finally:
+        if release:
+            release_django_connection(spec.alias)
+    return None
+
+
 class RunStream:
     """What one client has been sent, what to send it after a read, and how long
     to wait for the next one (a heartbeat is due after a quiet spell)."""
 
-    def __init__(self, after: int) -> None:
+    def __init__(self, after: int, clock: Clock = CLOCK) -> None:
+        self.clock = clock
         self.last = after
         self.done = False
-        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
+        self.next_beat = clock.now() + settings.SSE_HEARTBEAT
 
     def frames(self, snapshot: Snapshot) -> list[bytes]:
         """The frames of the events the client has not had, and the end once the
@@ -117,7 +170,7 @@ class RunStream:
             out.append(end_frame(snapshot.status, snapshot.version))
             self.done = True
         if out:
-            self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
+            self.next_beat = self.clock.now() + settings.SSE_HEARTBEAT
         return out
 
     def wait_time(self, snapshot: Snapshot) -> float:
@@ -125,14 +178,14 @@ class RunStream:
         events, at most the poll interval, and no later than the next heartbeat."""
         if len(snapshot.events) >= BATCH:
             return 0.0
-        until_beat = self.next_beat - time.monotonic()
+        until_beat = self.next_beat - self.clock.now()
         return max(0.0, min(settings.SSE_POLL_INTERVAL, until_beat))
 
     def idle(self) -> list[bytes]:
         """A keep-alive comment if the stream has been quiet for a heartbeat."""
-        if time.monotonic() < self.next_beat:
+        if self.clock.now() < self.next_beat:
             return []
-        self.next_beat = time.monotonic() + settings.SSE_HEARTBEAT
+        self.next_beat = self.clock.now() + settings.SSE_HEARTBEAT
         return [HEARTBEAT]
 
 
@@ -222,7 +275,7 @@ def open_stream(request: HttpRequest, run_id: str) -> StreamSpec | HttpResponse:
     if run.status in FINISHED and after >= run.version:
         return HttpResponse(status=204)  # nothing left: an EventSource stops reconnecting
     alias = db.alias()
-    return StreamSpec(str(run.id), run.tenant_id, after, alias, listen_params(alias))
+    return StreamSpec(str(run.id), run.tenant_id, after, alias, listen_params(alias), principal)
 
 
 class ListenSlots:
@@ -296,18 +349,19 @@ class Listener:
             events = cursor.execute(self.sql[1], [run_id, tenant, after]).fetchall()
         return Snapshot(row[0] if row else None, row[1] if row else 0, events)
 
-    def wait(self, timeout: float) -> None:
-        """Until the run is announced or ``timeout`` seconds have passed (or the
-        connection broke: the next read finds out)."""
+    def wait(self, timeout: float) -> bool:
+        """Until the run is announced (True) or ``timeout`` seconds have passed (or
+        the connection broke: the next read finds out)."""
         deadline = time.monotonic() + timeout
         try:
             while (remaining := deadline - time.monotonic()) > 0:
                 notes = list(self.conn.notifies(timeout=remaining, stop_after=1))
                 if any(n.payload == self.spec.run_id for n in notes):
-                    return
+                    return True
         except Exception as exc:
             if not _connection_lost(exc):
                 raise
+        return False
 
     def close(self) -> None:
         if self.conn is not None:
@@ -339,16 +393,17 @@ class AsyncListener(Listener):
             events = await cursor.fetchall()
         return Snapshot(row[0] if row else None, row[1] if row else 0, events)
 
-    async def await_(self, timeout: float) -> None:
+    async def await_(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         try:
             while (remaining := deadline - time.monotonic()) > 0:
                 notes = [n async for n in self.conn.notifies(timeout=remaining, stop_after=1)]
                 if any(n.payload == self.spec.run_id for n in notes):
-                    return
+                    return True
         except Exception as exc:
             if not _connection_lost(exc):
                 raise
+        return False
 
     async def aclose(self) -> None:
         if self.conn is not None:
@@ -364,9 +419,9 @@ def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError)
 
 
-async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
+async def astream(spec: StreamSpec, clock: Clock | None = None) -> AsyncGenerator[bytes, None]:
     """The stream's frames under ASGI."""
-    run = RunStream(spec.after)
+    run = RunStream(spec.after, clock or CLOCK)
     slot = spec.listen is not None and LISTEN_SLOTS.take()
     listener: AsyncListener | None = None
     try:
@@ -394,16 +449,24 @@ async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
                         raise
                     await listener.areopen()
                     continue
-            for chunk in run.frames(snapshot):
+            out = run.frames(snapshot)
+            if out and (end := await sync_to_async(denied)(spec, release=listener is not None)):
+                yield end
+                return
+            for chunk in out:
                 yield chunk
             if run.done:
                 return
             if (timeout := run.wait_time(snapshot)) > 0:
                 if listener is None:
-                    await asyncio.sleep(timeout)
+                    await run.clock.asleep(timeout)
                 else:
                     await listener.await_(timeout)
-            for chunk in run.idle():
+            beat = run.idle()
+            if beat and (end := await sync_to_async(denied)(spec, release=listener is not None)):
+                yield end
+                return
+            for chunk in beat:
                 yield chunk
     finally:
         try:
@@ -414,9 +477,9 @@ async def astream(spec: StreamSpec) -> AsyncGenerator[bytes, None]:
                 LISTEN_SLOTS.give_back()
 
 
-def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
+def stream(spec: StreamSpec, clock: Clock | None = None) -> Generator[bytes, None, None]:
     """The stream's frames under WSGI: :func:`astream`, without ``await``."""
-    run = RunStream(spec.after)
+    run = RunStream(spec.after, clock or CLOCK)
     slot = spec.listen is not None and LISTEN_SLOTS.take()
     listener: Listener | None = None
     try:
@@ -444,15 +507,23 @@ def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
                         raise
                     listener.reopen()
                     continue
-            yield from run.frames(snapshot)
+            out = run.frames(snapshot)
+            if out and (end := denied(spec, release=listener is not None)):
+                yield end
+                return
+            yield from out
             if run.done:
                 return
             if (timeout := run.wait_time(snapshot)) > 0:
                 if listener is None:
-                    time.sleep(timeout)
+                    run.clock.sleep(timeout)
                 else:
                     listener.wait(timeout)
-            yield from run.idle()
+            beat = run.idle()
+            if beat and (end := denied(spec, release=listener is not None)):
+                yield end
+                return
+            yield from beat
     finally:
         try:
             if listener is not None:
@@ -465,17 +536,31 @@ def stream(spec: StreamSpec) -> Generator[bytes, None, None]:
 @csrf_exempt
 @transaction.non_atomic_requests
 async def run_events_view(request: HttpRequest, run_id: str) -> HttpResponseBase:
-    """``GET runs/<id>/events/``: see the module docstring and docs/live-streams.md."""
-    if request.method != "GET":
+    """``GET runs/<id>/events/``: see the module docstring and docs/live-streams.md.
+
+    ``HEAD`` answers what ``GET`` would, without opening the stream; ``OPTIONS``
+    answers ``Allow``, as every endpoint of the API does."""
+    if request.method == "OPTIONS":
+        return options({"get": ENDPOINT})
+    if request.method not in ("GET", "HEAD"):
         return method_not_allowed({"get": ENDPOINT})
     opened = await sync_to_async(open_stream)(request, run_id)
     if isinstance(opened, HttpResponse):
         return opened
-    if isinstance(request, ASGIRequest):
-        content: Any = astream(opened)
+    asgi = isinstance(request, ASGIRequest)
+    content: Any
+    if request.method == "HEAD":  # no body: no stream, no LISTEN slot, no read
+        content = _nothing() if asgi else iter(())
     else:
-        content = stream(opened)
+        content = astream(opened) if asgi else stream(opened)
     response = StreamingHttpResponse(content, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each message on at once
     return response
+
+
+async def _nothing() -> AsyncGenerator[bytes, None]:
+    """An empty body under ASGI (a sync iterator there makes Django warn)."""
+    nothing: tuple[bytes, ...] = ()
+    for chunk in nothing:
+        yield chunk

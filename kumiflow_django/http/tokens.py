@@ -79,7 +79,13 @@ def create_token(
 
 def find_token(secret: str) -> ApiToken | None:
     """The usable token with this secret, or None; records its use (at most once a minute)."""
-    token = ApiToken.objects.usable().filter(key_hash=hash_token(secret)).first()
+    return find_token_by_hash(hash_token(secret))
+
+
+def find_token_by_hash(key_hash: str) -> ApiToken | None:
+    """:func:`find_token` by the secret's hash: how a live stream looks its token up
+    again without keeping the secret."""
+    token = ApiToken.objects.usable().filter(key_hash=key_hash).first()
     if token is None:
         return None
     now = timezone.now()

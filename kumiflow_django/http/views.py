@@ -135,6 +135,13 @@ def allowed(methods: dict[str, Endpoint]) -> str:
     return ", ".join([*names, "OPTIONS"])
 
 
+def options(methods: dict[str, Endpoint]) -> HttpResponse:
+    """``OPTIONS``: what the path allows; nothing else is said."""
+    response = HttpResponse(status=204)
+    response["Allow"] = allowed(methods)
+    return response
+
+
 def method_not_allowed(methods: dict[str, Endpoint]) -> HttpResponse:
     allow = allowed(methods)
     response = ApiError("method_not_allowed", f"use {allow}").response()
@@ -148,10 +155,8 @@ def api_view(methods: dict[str, Endpoint]) -> Callable[..., HttpResponse]:
     @csrf_exempt
     def view(request: HttpRequest, **path: str) -> HttpResponse:
         method = (request.method or "").lower()
-        if method == "options":  # what the path allows; nothing else is said
-            response = HttpResponse(status=204)
-            response["Allow"] = allowed(methods)
-            return response
+        if method == "options":
+            return options(methods)
         # HEAD is GET without its body (the server drops it: RFC 9110, 9.3.2)
         endpoint = methods.get("get" if method == "head" else method)
         if endpoint is None:

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +97,8 @@ class EventStream:
     """Reads server-sent events as they arrive: ``next()`` is the next message
     (a dict of its fields, comments under "comment"), None once the stream ended.
 
-    Every read waits at most 20 s (the server's heartbeats come every 15 s), so
-    a stream that stalls fails the test instead of hanging it.
+    Every read waits at most 20 s, so a stream that stalls fails the test
+    instead of hanging it.
     """
 
     def __init__(self, url: str, headers: dict[str, str]) -> None:
@@ -147,8 +146,3 @@ def version(message: dict[str, str]) -> int:
 
 def data(message: dict[str, str]) -> Any:
     return json.loads(message["data"])
-
-
-def timed(call: Any) -> tuple[Any, float]:
-    began = time.monotonic()
-    return call(), time.monotonic() - began

@@ -186,3 +186,65 @@ def test_a_key_given_twice_is_refused_not_read_one_way(api, approval):
 def test_a_query_integer_is_ascii_digits_only(api, raw):
     response = api.get(f"{API}runs/", {"limit": raw})
     assert response.status_code == 400 and error(response)["field"] == "limit"
+
+
+def _reason_samples() -> list[str]:
+    """Each character of the C0 and C1 ranges, DEL, the white space that trimming
+    removes, lone surrogates and a few plain ones, alone, inside text and at
+    either end; CR LF, and white space around a control character."""
+    chars = [chr(c) for c in (*range(0x00, 0x21), *range(0x7F, 0xA1))]
+    chars += ["\u1680", "\u2000", "\u200a", "\u200b", "\u2028", "\u2029", "\u202f", "\u3000"]
+    chars += ["\ud800", "\udbff", "\udc00", "\udfff", "\ufeff", "é", "\U0001f600", "a"]
+    samples = ["", "\r\n", "line\r\nline", "\t\x01 ", " \x0b\x1f x \x85", "x \x1f y"]
+    for ch in chars:
+        samples += [ch, f"a{ch}b", f"{ch}a", f"a{ch}", f" {ch} ", f"{ch}\x01", ch * 3]
+    return samples
+
+
+def test_the_reason_schema_refuses_exactly_what_the_audit_refuses():
+    """The OpenAPI document says what the check does: a client that validates
+    against the schema is never surprised by a 400 on reason, nor the reverse."""
+    from kumiflow_django.http import schema
+    from kumiflow_django.http.errors import ApiError
+    from kumiflow_django.store.audit import check_operator
+    from kumiflow_django.store.errors import InvalidEvent
+
+    def audit_takes(reason: str) -> bool:
+        try:
+            check_operator("", reason)
+        except InvalidEvent:
+            return False
+        return True
+
+    reasons = {
+        name: schema.COMPONENTS[name]["properties"]["reason"]
+        for name in ("CancelRun", "WakeRun", "RetryRun")
+    }
+    assert all("pattern" in r for r in reasons.values())
+    samples = _reason_samples()
+    assert not all(map(audit_takes, samples)) and any(map(audit_takes, samples))
+    for name, reason_schema in reasons.items():
+        for sample in samples:
+            try:
+                schema.validate(sample, reason_schema, "reason")
+                schema_takes = True
+            except ApiError as exc:
+                assert (exc.field, exc.message) == (
+                    "reason",
+                    "must not contain control characters other than tabs and line breaks",
+                )
+                schema_takes = False
+            assert schema_takes == audit_takes(sample), (name, ascii(sample))
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [("a\x7fb", 400), ("a\x85b", 400), ("a\x1bb", 400), ("two\r\nlines\tand a tab", 200)],
+)
+def test_a_reason_is_refused_by_the_schema_as_documented(api, sleepy, reason, status):
+    run = api.post_json(f"{API}runs/", {"workflow": "sleepy"}).json()
+    response = api.post_json(f"{API}runs/{run['id']}/wake/", {"reason": reason})
+    assert response.status_code == status, response.content
+    if status == 400:
+        assert error(response)["field"] == "reason"
+        assert "control characters other than tabs and line breaks" in error(response)["message"]
