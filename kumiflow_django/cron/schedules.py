@@ -28,6 +28,7 @@ from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.triggers import CronTrigger
 from kumiflow_django.engine.starting import start_run
+from kumiflow_django.projections.claims import unclaimed
 from kumiflow_django.projections.runs import FINISHED, WorkflowRun
 from kumiflow_django.projections.schedules import BROKEN, NOT_REGISTERED, CronSchedule, fit
 from kumiflow_django.projections.schedules import append as _record
@@ -181,7 +182,7 @@ def _lock(workflow: str, version: int | None, *, skip_locked: bool) -> CronSched
     qs = CronSchedule.objects.filter(pk=workflow)
     if version is not None:
         qs = qs.filter(version=version)
-    return for_update(qs, skip_locked=skip_locked).first()
+    return (unclaimed(qs) if skip_locked else for_update(qs)).first()
 
 
 def _active_run(workflow: str) -> bool:

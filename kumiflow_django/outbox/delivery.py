@@ -27,12 +27,12 @@ from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.outbox.kinds import dispatch_kinds
+from kumiflow_django.projections.claims import claim, unclaimed
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, append
 from kumiflow_django.projections.lock_order import lock_owned
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
-from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
@@ -41,28 +41,23 @@ from kumiflow_django.store.values import clean_text
 logger = get_logger("kumiflow_django.dispatch")
 
 
-def _lock(dispatch_id: uuid.UUID, version: int, *, skip_locked: bool) -> Dispatch | None:
-    qs = Dispatch.objects.filter(pk=dispatch_id, version=version)
-    return for_update(qs, skip_locked=skip_locked).first()
-
-
 def _claim(dispatch_id: uuid.UUID, version: int) -> Dispatch | None:
     now = clock.now()
-    with db.atomic():
-        dispatch = _lock(dispatch_id, version, skip_locked=True)
+
+    def take() -> Dispatch | None:
+        dispatch = unclaimed(Dispatch.objects.filter(pk=dispatch_id, version=version)).first()
         if dispatch is None or dispatch.status not in DELIVERABLE:
             return None
         if dispatch.next_attempt_at is None or dispatch.next_attempt_at > now:
             return None
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
-        try:
-            return append(
-                dispatch,
-                ev.DISPATCH_ATTEMPT_STARTED,
-                {"attempt": dispatch.attempts + 1, "lease_until": isoformat(lease_until)},
-            )
-        except (IntegrityError, StaleRow):
-            return None
+        return append(
+            dispatch,
+            ev.DISPATCH_ATTEMPT_STARTED,
+            {"attempt": dispatch.attempts + 1, "lease_until": isoformat(lease_until)},
+        )
+
+    return claim(take, lost=None)
 
 
 def _attempt(dispatch: Dispatch) -> tuple[str, dict[str, Any]]:

@@ -37,13 +37,14 @@ from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.flow import gates
+from kumiflow_django.projections import claims
+from kumiflow_django.projections.claims import unclaimed
 from kumiflow_django.projections.lock_order import lock_owned
 from kumiflow_django.projections.stream import Change, StaleRow, write
 from kumiflow_django.projections.tasks import TASKS, StepTask, TaskStatus, append, metadata
 from kumiflow_django.steps.task import import_function
 from kumiflow_django.store import clock, db, leases, telemetry
 from kumiflow_django.store import names as ev
-from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text, to_json
@@ -96,30 +97,30 @@ def claim(task_id: uuid.UUID, *, worker: str, attempt: int | None = None) -> Att
     """Start the next attempt of a due task; None if it is not due, not pending,
     locked by another worker, or (``attempt``) not at that attempt any more."""
     now = clock.now()
-    try:
-        with db.atomic():
-            task = for_update(StepTask.objects.filter(pk=task_id), skip_locked=True).first()
-            if task is None or task.status != TaskStatus.PENDING:
-                return None
-            if task.next_attempt_at is None or task.next_attempt_at > now:
-                return None
-            number = task.attempt + 1
-            if attempt is not None and attempt != number:
-                return None  # a hand-off of an older attempt
-            if not gates.admit_task(task, now):
-                return None  # parked: a slot or the rate's next window hands it off again
-            task = append(
-                task,
-                ev.TASK_ATTEMPT_STARTED,
-                {
-                    "attempt": number,
-                    "worker": worker,
-                    "lease_until": isoformat(lease_until(task, now)),
-                },
-            )
-    except (IntegrityError, StaleRow):
-        return None  # another worker claimed it first
-    return _attempt(task, now)
+
+    def take() -> StepTask | None:
+        task = unclaimed(StepTask.objects.filter(pk=task_id)).first()
+        if task is None or task.status != TaskStatus.PENDING:
+            return None
+        if task.next_attempt_at is None or task.next_attempt_at > now:
+            return None
+        number = task.attempt + 1
+        if attempt is not None and attempt != number:
+            return None  # a hand-off of an older attempt
+        if not gates.admit_task(task, now):
+            return None  # parked: a slot or the rate's next window hands it off again
+        return append(
+            task,
+            ev.TASK_ATTEMPT_STARTED,
+            {
+                "attempt": number,
+                "worker": worker,
+                "lease_until": isoformat(lease_until(task, now)),
+            },
+        )
+
+    started = claims.claim(take, lost=None)  # lost: another worker claimed it first
+    return None if started is None else _attempt(started, now)
 
 
 def claim_due(
@@ -139,40 +140,42 @@ def claim_due(
         due = due.filter(backend="")
     if queues is not None:
         due = due.filter(queue__in=list(queues))
-    try:
-        with db.atomic():
-            rows = list(for_update(due.order_by("next_attempt_at")[:limit], skip_locked=True))
-            # Every key and rate bucket of the batch locked first, keys then
-            # buckets, each in sorted order (as a single admission takes them):
-            # two claims of overlapping batches cannot deadlock.
-            gates.lock_batch(rows, now)
-            changes = []
-            for task in rows:
-                if not gates.admit_task(task, now):
-                    continue  # parked until a slot frees or the rate's next window
-                change = Change(
-                    TASKS,
-                    str(task.id),
-                    task.tenant_id,
-                    task,
-                    now=now,
-                    metadata=metadata(task.run_id),
-                )
-                number = task.attempt + 1
-                change.add(
-                    ev.TASK_ATTEMPT_STARTED,
-                    {
-                        "attempt": number,
-                        "worker": worker,
-                        "lease_until": isoformat(lease_until(task, now)),
-                    },
-                )
-                if task.flow_key:  # running now, so the next admission of its key counts it
-                    write([change])
-                changes.append(change)
-            write([change for change in changes if not change.saved.flow_key])
-    except (IntegrityError, StaleRow):
-        return []  # another worker claimed some of them first
+
+    def take() -> list[Change[StepTask]]:
+        rows = list(unclaimed(due.order_by("next_attempt_at")[:limit]))
+        # Every key and rate bucket of the batch locked first, keys then
+        # buckets, each in sorted order (as a single admission takes them):
+        # two claims of overlapping batches cannot deadlock.
+        gates.lock_batch(rows, now)
+        changes = []
+        for task in rows:
+            if not gates.admit_task(task, now):
+                continue  # parked until a slot frees or the rate's next window
+            change = Change(
+                TASKS,
+                str(task.id),
+                task.tenant_id,
+                task,
+                now=now,
+                metadata=metadata(task.run_id),
+            )
+            number = task.attempt + 1
+            change.add(
+                ev.TASK_ATTEMPT_STARTED,
+                {
+                    "attempt": number,
+                    "worker": worker,
+                    "lease_until": isoformat(lease_until(task, now)),
+                },
+            )
+            if task.flow_key:  # running now, so the next admission of its key counts it
+                write([change])
+            changes.append(change)
+        write([change for change in changes if not change.saved.flow_key])
+        return changes
+
+    # lost: another worker claimed some of them first
+    changes: list[Change[StepTask]] = claims.claim(take, lost=[])
     return [_attempt(change.saved, now) for change in changes]
 
 

@@ -21,15 +21,13 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, NamedTuple
 
-from django.db import IntegrityError
 from django.db.models import F, Min
 from django.db.models.functions import Greatest
 
-from kumiflow_django.projections.stream import StaleRow
+from kumiflow_django.projections.claims import claim, unclaimed
 from kumiflow_django.projections.tasks import StepTask, TaskStatus, append
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
-from kumiflow_django.store.db import for_update
 from kumiflow_django.store.telemetry import get_logger
 
 logger = get_logger("kumiflow_django.tasks")
@@ -47,29 +45,29 @@ def enqueue(runner: Any, task_id: uuid.UUID) -> bool:
     ``ImmediateBackend``) then runs the attempt outside any transaction, and
     a crash in between leaves an attempt that :func:`sweep` hands off again.
     """
-    try:
-        with db.atomic():
-            task = for_update(StepTask.objects.filter(pk=task_id), skip_locked=True).first()
-            if task is None or not task.backend or task.status != TaskStatus.PENDING:
-                return False
-            number = task.attempt + 1
-            now = clock.now()
-            if task.enqueued_attempt >= number and not _lost(task, now):
-                return False
-            options: dict[str, Any] = {"backend": task.backend}
-            if task.queue:
-                options["queue_name"] = task.queue
-            if task.priority:
-                options["priority"] = task.priority
-            if task.next_attempt_at is not None and task.next_attempt_at > now:
-                if not runner.using(backend=task.backend).get_backend().supports_defer:
-                    return False  # handed off by the sweep once it is due
-                options["run_after"] = task.next_attempt_at
-            append(task, ev.TASK_ENQUEUED, {"attempt": number, "backend": task.backend})
-            db.on_commit(partial(_send, runner, options, task_id, number))
-    except (IntegrityError, StaleRow):
-        return False
-    return True
+
+    def take() -> bool:
+        task = unclaimed(StepTask.objects.filter(pk=task_id)).first()
+        if task is None or not task.backend or task.status != TaskStatus.PENDING:
+            return False
+        number = task.attempt + 1
+        now = clock.now()
+        if task.enqueued_attempt >= number and not _lost(task, now):
+            return False
+        options: dict[str, Any] = {"backend": task.backend}
+        if task.queue:
+            options["queue_name"] = task.queue
+        if task.priority:
+            options["priority"] = task.priority
+        if task.next_attempt_at is not None and task.next_attempt_at > now:
+            if not runner.using(backend=task.backend).get_backend().supports_defer:
+                return False  # handed off by the sweep once it is due
+            options["run_after"] = task.next_attempt_at
+        append(task, ev.TASK_ENQUEUED, {"attempt": number, "backend": task.backend})
+        db.on_commit(partial(_send, runner, options, task_id, number))
+        return True
+
+    return claim(take, lost=False)
 
 
 def _send(runner: Any, options: dict[str, Any], task_id: uuid.UUID, number: int) -> None:

@@ -29,9 +29,10 @@ from django.db.models.functions import RowNumber
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.engine.resuming import resume_run
+from kumiflow_django.projections.claims import claim, unclaimed
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import clock, db, leases
-from kumiflow_django.store.db import for_update, is_transient
+from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.payloads import Recovered
 from kumiflow_django.store.telemetry import get_logger, log_fields
 from kumiflow_django.store.wakeups import WorkKind
@@ -162,19 +163,22 @@ class ResumeLoop(Loop):
         free = leases.free_q(now)
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
         order = {due.id: i for i, due in enumerate(chunk)}
-        with db.atomic():
+
+        def take() -> list[Due]:
             rows = WorkflowRun.objects.due(now).filter(free, pk__in=list(order))
             found = [
                 Due(*row)
-                for row in for_update(rows, skip_locked=True).values_list(
+                for row in unclaimed(rows).values_list(
                     "id", "version", "lease_owner", "lease_until"
                 )
             ]
-            if not found:
-                return []
-            WorkflowRun.objects.filter(pk__in=[row.id for row in found]).update(
-                lease_owner=self.worker_id, lease_until=lease_until
-            )
+            if found:
+                WorkflowRun.objects.filter(pk__in=[row.id for row in found]).update(
+                    lease_owner=self.worker_id, lease_until=lease_until
+                )
+            return found
+
+        found: list[Due] = claim(take, lost=[])
         claimed = []
         for row in sorted(found, key=lambda r: order[r.id]):
             recovered: Recovered | None = None
