@@ -128,5 +128,6 @@ def is_transient(error: BaseException) -> bool:
     text = str(error).lower()
     if any(phrase in text for phrase in _SQLITE_TRANSIENT):
         return True
-    # psycopg reports a dropped connection as OperationalError without a SQLSTATE.
-    return type(cause).__name__ == "OperationalError" and sqlstate is None and "closed" in text
+    # psycopg reports a dropped or refused connection as OperationalError without a SQLSTATE.
+    lost = "closed" in text or "connection failed" in text
+    return type(cause).__name__ == "OperationalError" and sqlstate is None and lost

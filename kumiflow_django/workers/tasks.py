@@ -253,8 +253,11 @@ class TaskLoop(Loop):
         try:
             outcome = attempts.run(attempt)
             self._record(attempt, outcome)
-        except Exception:
+        except Exception as exc:
             # The outcome is lost: the lease runs out and the attempt is tried again.
+            if db.is_transient(exc):  # the database is away: one line for the loop and its pool
+                self.outage.failed(exc)
+                return
             logger.exception(
                 "task %s: recording attempt %d failed; it is tried again after its lease",
                 attempt.task_id,
