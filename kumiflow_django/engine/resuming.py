@@ -450,7 +450,7 @@ def mark_matched(run_id: uuid.UUID, event: Event) -> None:
 def writers_serialized() -> bool:
     """SQLite runs one write transaction at a time (IMMEDIATE): a suspension and
     an append cannot interleave there, so the after-commit checks are not needed."""
-    return db.connection().vendor == "sqlite"
+    return db.one_writer_at_a_time()
 
 
 def _recheck_event(event: Event) -> None:

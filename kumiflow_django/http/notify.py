@@ -82,7 +82,7 @@ def notify_run_changed(run_id: str, using: str | None = None) -> None:
     """Tell the live streams of ``run_id`` that it changed, once the transaction commits."""
     using = using or db.alias()
     connection = connections[using]
-    if connection.vendor != "postgresql" or not listening():
+    if not db.supports_listen(using) or not listening():
         return  # nobody listens: streams poll
     if not connection.in_atomic_block:
         pending = _Pending([], using)

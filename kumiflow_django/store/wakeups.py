@@ -107,7 +107,7 @@ def announce(kind: str) -> None:
     """Wake the loops of ``kind`` here, and (PostgreSQL) in every other process."""
     announce_local(kind)
     connection = db.connection()
-    if connection.vendor == "postgresql":
+    if db.supports_listen():
         try:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, kind])

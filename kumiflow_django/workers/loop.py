@@ -226,10 +226,9 @@ def limit_idle_transactions(seconds: float) -> None:
     def configure(sender: Any, connection: Any, **kwargs: Any) -> None:
         if connection.alias != db.alias():
             return
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}")
-            elif connection.vendor == "mysql" and connection.mysql_is_mariadb:
-                cursor.execute(f"SET SESSION idle_transaction_timeout = {max(1, int(seconds))}")
+        statement = db.idle_transaction_timeout(connection, seconds)
+        if statement is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(statement)
 
     connection_created.connect(configure, dispatch_uid="kumiflow-idle-transactions", weak=False)
