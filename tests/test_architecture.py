@@ -184,3 +184,15 @@ def test_the_vendor_check_finds_comparisons():
         "match db.connection().vendor:\n    case 'sqlite': pass\n"
     )
     assert sorted(vendor_comparisons(source)) == [1, 2, 3, 5]
+
+
+def test_no_module_reaches_into_djangos_on_commit_list():
+    """``connection.run_on_commit`` is Django's private list: notifications are
+    batched by store.wakeups.notify through the public ``transaction.on_commit``."""
+    offenders = [
+        f"{name}:{node.lineno}"
+        for name, path in sorted(modules().items())
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "run_on_commit"
+    ]
+    assert offenders == []
