@@ -224,3 +224,34 @@ def test_the_listen_thread_backs_off_and_says_when_it_listens_again(monkeypatch,
         (logging.WARNING, "LISTEN connection: working again after 3.8 s (4 failed tries)"),
     ]
     assert lines[0].exc_info is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_going_away_mid_batch_ends_the_batch_with_one_line(monkeypatch, caplog):
+    """Not a traceback per due item: the first item's error ends the batch, the
+    outage says so once, and the items are tried again after the pause."""
+    from django.db import OperationalError
+
+    caplog.set_level(logging.INFO, logger="kumiflow_django")
+    tried: list[object] = []
+    due = [(f"d{i}", 1) for i in range(5)]
+    monkeypatch.setattr(
+        "kumiflow_django.workers.dispatch.due_dispatches",
+        lambda now, limit: due if not tried else [],
+    )
+
+    def deliver_one(dispatch_id: object, version: int) -> bool:
+        tried.append(dispatch_id)
+        raise OperationalError("database is locked")  # transient on every database
+
+    monkeypatch.setattr("kumiflow_django.workers.dispatch.deliver_one", deliver_one)
+    drive = Drive(DispatchLoop(max_interval=30.0), stop_at=2)
+    drive.run()
+
+    assert tried == ["d0"]
+    assert drive.pauses == [0.25, 30.0]
+    assert [r.getMessage() for r in loud(caplog)] == [
+        "dispatch loop: the database is unavailable (OperationalError: database is locked); "
+        "trying again with backoff",
+        "dispatch loop: working again after 0.2 s (1 failed tries)",
+    ]

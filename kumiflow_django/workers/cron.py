@@ -41,7 +41,9 @@ class CronLoop(Loop):
                 break
             try:
                 fired += fire_schedule(workflow, version)  # disables a schedule that raises
-            except Exception:
+            except Exception as exc:
+                if db.is_transient(exc):
+                    raise  # the database is away: the loop's outage says so, once
                 logger.exception("cron %s: firing failed; it stays due", workflow)
         return fired
 

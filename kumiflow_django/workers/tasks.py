@@ -134,7 +134,9 @@ class TaskLoop(Loop):
         for task_id in expired:
             try:
                 task = attempts.expire(task_id, now)
-            except Exception:
+            except Exception as exc:
+                if db.is_transient(exc):
+                    raise  # the database is away: the loop's outage says so, once
                 logger.exception(
                     "task %s: giving up its attempt failed; tried again later", task_id
                 )
