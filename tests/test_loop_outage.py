@@ -255,3 +255,20 @@ def test_the_database_going_away_mid_batch_ends_the_batch_with_one_line(monkeypa
         "trying again with backoff",
         "dispatch loop: working again after 0.2 s (1 failed tries)",
     ]
+
+
+def test_a_refused_postgresql_connection_is_transient():
+    """psycopg reports a refused connection without a SQLSTATE, as a closed one."""
+    psycopg = pytest.importorskip("psycopg")
+    from django.db import OperationalError
+
+    for text in (
+        "connection failed: connection to server at 127.0.0.1, port 5432 failed: refused",
+        "consuming input failed: server closed the connection unexpectedly",
+    ):
+        error = OperationalError(text)
+        error.__cause__ = psycopg.OperationalError(text)
+        assert db.is_transient(error), text
+    error = OperationalError("syntax error at or near")
+    error.__cause__ = psycopg.OperationalError("syntax error at or near")
+    assert not db.is_transient(error)
