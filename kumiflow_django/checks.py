@@ -19,6 +19,7 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import path_text, walk
 from kumiflow_django.definition.workflow import child_cycle
 from kumiflow_django.observability import LIBRARIES, available
+from kumiflow_django.store import db
 
 
 def _positive_int(v: Any) -> bool:
@@ -372,30 +373,12 @@ def check_isolation_level(**kwargs: Any) -> list[checks.CheckMessage]:
     return isolation_warnings(django_settings.DATABASES, str(settings.DATABASE))
 
 
-#: The level each backend runs at when ``OPTIONS`` does not name one.
-_READ_COMMITTED = {"postgresql": "read committed", "mysql": "read committed"}
-
-
 def isolation_warnings(databases: Mapping[str, Any], alias: str) -> list[checks.CheckMessage]:
-    config = databases.get(alias) or {}
-    vendor = str(config.get("ENGINE", "")).rsplit(".", 1)[-1]
-    options = config.get("OPTIONS") or {}
-    if vendor not in _READ_COMMITTED or "isolation_level" not in options:
-        return []  # SQLite has one writer at a time; the others default to READ COMMITTED
-    level = options["isolation_level"]
-    if vendor == "postgresql":
-        from django.db.backends.postgresql.psycopg_any import IsolationLevel
-
-        try:
-            # the driver's constant (psycopg 2 and 3 number the levels differently)
-            name = IsolationLevel(level).name.replace("_", " ").lower()
-        except ValueError:
-            return []  # Django itself refuses it when it connects
-    else:  # MySQL and MariaDB: a name, or None for the server's default
-        name = "the server's default" if level is None else str(level).lower()
-    if name in ("read committed", "read uncommitted"):
+    name = db.configured_isolation(databases.get(alias) or {})
+    if name is None or name in ("read committed", "read uncommitted"):
         return []
-    said = "the server's default level (REPEATABLE READ)" if level is None else name.upper()
+    default = name == "the server's default"
+    said = "the server's default level (REPEATABLE READ)" if default else name.upper()
     return [
         checks.Warning(
             f"The database {alias!r} that kumiflow-django uses runs its transactions "

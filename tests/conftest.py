@@ -16,6 +16,13 @@ def pytest_sessionstart(session):
     settings.DATABASES  # noqa: B018 - this process reads its settings first
     os.environ["TESTPROJECT_ONE_DATABASE"] = "1"
 
+    # Users the tests create and log in (admin_client, ...) are hashed with MD5:
+    # PBKDF2 costs a fifth of a second per password. Only here: the demo, make
+    # serve and the processes the tests start keep the settings' real hashing.
+    from django.test.utils import override_settings
+
+    override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]).enable()
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests that need row locks or several connections run on the server databases only."""

@@ -141,3 +141,58 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+#: The one module that asks which database it is (its capabilities: ``db.supports_listen()``, ...).
+VENDOR_SEAM = "kumiflow_django.store.db"
+
+
+def vendor_comparisons(source: str) -> list[int]:
+    """Lines of ``source`` that compare a database's vendor (``vendor ==``,
+    ``in``, ``!=``, either side, however it is reached)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Match):
+            operands = [node.subject]
+        else:
+            continue
+        if any("vendor" in ast.unparse(operand) for operand in operands):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_database_seam_asks_which_database_it_is():
+    """Everywhere else asks store/db.py for a capability by its name, so that
+    what a check means is written once (and a new database is one module's work)."""
+    offenders = [
+        f"{name}:{line}"
+        for name, path in sorted(modules().items())
+        if name != VENDOR_SEAM
+        for line in vendor_comparisons(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_the_vendor_check_finds_comparisons():
+    source = (
+        "if connection.vendor == 'sqlite': pass\n"
+        "x = 'mysql' != connections[a].vendor\n"
+        "y = vendor in ('postgresql',)\n"
+        "z = SQL.get(connection.vendor)\n"  # a lookup, not a comparison
+        "match db.connection().vendor:\n    case 'sqlite': pass\n"
+    )
+    assert sorted(vendor_comparisons(source)) == [1, 2, 3, 5]
+
+
+def test_no_module_reaches_into_djangos_on_commit_list():
+    """``connection.run_on_commit`` is Django's private list: notifications are
+    batched by store.wakeups.notify through the public ``transaction.on_commit``."""
+    offenders = [
+        f"{name}:{node.lineno}"
+        for name, path in sorted(modules().items())
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "run_on_commit"
+    ]
+    assert offenders == []

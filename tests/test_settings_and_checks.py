@@ -127,3 +127,16 @@ def test_sqlite_without_immediate_transactions_is_a_warning():
         }
     }
     assert sqlite_warnings(immediate) == []
+
+
+@pytest.mark.django_db
+def test_the_tests_hash_passwords_fast_and_the_testproject_for_real(admin_user):
+    """The suite's users are hashed with MD5 (tests/conftest.py); the
+    testproject's settings (the demo, make serve) keep Django's default."""
+    from django.contrib.auth.hashers import get_hasher
+
+    import testproject.settings
+
+    assert get_hasher().algorithm == "md5"
+    assert admin_user.password.startswith("md5$")
+    assert not hasattr(testproject.settings, "PASSWORD_HASHERS")

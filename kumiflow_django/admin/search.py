@@ -42,7 +42,7 @@ def key_prefix(field: str, term: str) -> Q | None:
     if not term or len(term) > limits.IDEMPOTENCY_KEY:
         return None
     condition = Q(**{f"{field}__startswith": term})
-    if db.connection().vendor == "sqlite" and ord(term[-1]) < 0x10FFFF:
+    if db.prefix_needs_range() and ord(term[-1]) < 0x10FFFF:
         upper = term[:-1] + chr(ord(term[-1]) + 1)
         condition &= Q(**{f"{field}__gte": term, f"{field}__lt": upper})
     return condition
@@ -70,8 +70,7 @@ def id_prefix(term: str) -> Q | None:
     bounds = id_range(term)
     if bounds is None:
         return None
-    connection = db.connection()
-    if connection.vendor == "mysql" and connection.features.has_native_uuid_field:
+    if not db.uuid_prefix_is_a_range():
         digits = term.replace("-", "").lower()
         dashed = "-".join(
             part

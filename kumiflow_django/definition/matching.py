@@ -23,10 +23,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
 from django.db.models import F, Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
+from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 
@@ -255,16 +255,16 @@ def lookback(
     if gaps:
         window |= Q(position__in=sorted(gaps))
     qs: QuerySet[Event] = Event.objects.filter(window, tenant_id=tenant, type__in=event_types)
-    vendor = connections[qs.db].vendor
+    text_json = db.json_compares_text(qs.db)
     for index, (path, value) in enumerate(sorted(values.items())):
-        qs = _narrow(qs, index, path, value, vendor)
+        qs = _narrow(qs, index, path, value, text_json)
     for event in qs.order_by("position").iterator(chunk_size=100):
         if matches(event, values):
             return event
     return None
 
 
-def _narrow(qs: QuerySet[Event], index: int, path: str, value: Any, vendor: str) -> QuerySet[Event]:
+def _narrow(qs: QuerySet[Event], index: int, path: str, value: Any, text: bool) -> QuerySet[Event]:
     """``qs`` narrowed in SQL to the events whose ``path`` may hold ``value``.
 
     The SQL only narrows and must never drop a real match, so a path or a
@@ -273,7 +273,7 @@ def _narrow(qs: QuerySet[Event], index: int, path: str, value: Any, vendor: str)
     """
     if path in _TOP_LEVEL:
         return qs.filter(**{path: value}) if isinstance(value, str) else qs
-    if not _sql_comparable(value, vendor):
+    if not _sql_comparable(value, text):
         return qs
     root, *keys = path.split(".")
     if not all(_literal_key(key) for key in keys):
@@ -300,16 +300,16 @@ def _literal_key(key: str) -> bool:
     return json.dumps(key) == f'"{key}"'
 
 
-def _sql_comparable(value: Any, vendor: str) -> bool:
+def _sql_comparable(value: Any, text: bool) -> bool:
     """Whether the backend's JSON equality holds wherever :func:`same_value` does."""
     if isinstance(value, bool):
         return True
     if isinstance(value, str):
         # MariaDB compares the escaped JSON text of strings too.
-        return vendor != "mysql" or json.dumps(value) == f'"{value}"'
+        return not text or json.dumps(value) == f'"{value}"'
     if isinstance(value, int | float):
         # MariaDB compares numbers as text: 1 would miss a stored 1.0.
-        return vendor in ("postgresql", "sqlite") and math.isfinite(value)
+        return not text and math.isfinite(value)
     return False  # None, objects, arrays: Python alone
 
 

@@ -19,11 +19,10 @@ import functools
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.db import connections, transaction
 from django.urls import NoReverseMatch, reverse
 
 from kumiflow_django.conf import settings
-from kumiflow_django.store import db
+from kumiflow_django.store import wakeups
 from kumiflow_django.store.telemetry import get_logger
 
 logger = get_logger("kumiflow_django.http")
@@ -32,29 +31,6 @@ logger = get_logger("kumiflow_django.http")
 CHANNEL = "kumiflow_runs"
 #: The stream type of runs' streams (the engine's ``workflow-run``).
 RUN_STREAM_TYPE = "workflow-run"
-
-
-class _Pending:
-    """The run ids one transaction will announce, sent by one on-commit callback.
-
-    It belongs to the connection's current list of on-commit callbacks:
-    Django replaces that list when the transaction commits or rolls back and
-    when a savepoint rolls back (dropping that savepoint's callbacks), so a
-    new list means the ids gathered so far may not be sent, and a fresh
-    ``_Pending`` with a fresh callback starts.
-    """
-
-    def __init__(self, hooks: list[Any], using: str) -> None:
-        self.hooks = hooks
-        self.using = using
-        self.run_ids: dict[str, None] = {}  # a set that keeps the order
-
-    def send(self) -> None:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_notify(%s, run_id) FROM unnest(%s::text[]) AS run_id",
-                [CHANNEL, list(self.run_ids)],
-            )
 
 
 def listening() -> bool:
@@ -80,21 +56,8 @@ def _streams_mounted(urlconf: str) -> bool:
 
 def notify_run_changed(run_id: str, using: str | None = None) -> None:
     """Tell the live streams of ``run_id`` that it changed, once the transaction commits."""
-    using = using or db.alias()
-    connection = connections[using]
-    if connection.vendor != "postgresql" or not listening():
-        return  # nobody listens: streams poll
-    if not connection.in_atomic_block:
-        pending = _Pending([], using)
-        pending.run_ids[run_id] = None
-        transaction.on_commit(pending.send, using=using, robust=True)  # autocommit: now
-        return
-    current: _Pending | None = getattr(connection, "_kumiflow_notify", None)
-    if current is None or current.hooks is not connection.run_on_commit:
-        current = _Pending(connection.run_on_commit, using)
-        connection._kumiflow_notify = current  # type: ignore[attr-defined]
-        transaction.on_commit(current.send, using=using, robust=True)
-    current.run_ids[run_id] = None
+    if listening():  # else nobody listens: streams poll
+        wakeups.notify(CHANNEL, run_id, using)
 
 
 def on_event_appended(sender: Any, event: Any, **kwargs: Any) -> None:

@@ -234,7 +234,7 @@ def _sql(alias: str) -> tuple[str, str]:
 def listen_params(alias: str) -> dict[str, Any] | None:
     """psycopg parameters of a LISTEN connection to ``alias``, or None to poll."""
     connection = connections[alias]
-    if not listening() or connection.vendor != "postgresql":
+    if not listening() or not db.supports_listen(alias):
         return None
     if connection.in_atomic_block:
         # Opened inside a transaction (a test case, a custom wrapper): a

@@ -153,7 +153,7 @@ def run_until_signalled(run: Callable[[], None], stop: Callable[[], None]) -> No
     limited to the lease, signals handled, PostgreSQL notifications relayed."""
     limit_idle_transactions(settings.LEASE_SECONDS)
     install_signal_handlers(stop)
-    listener = PgListener() if db.connection().vendor == "postgresql" else None
+    listener = PgListener() if db.supports_listen() else None
     if listener is not None:
         listener.start()
     try:

@@ -113,7 +113,7 @@ def took(ctx: Context, taken: str, position: int) -> None:
     after, gaps = cutoff(ctx, taken)
     known = set(matching.Cutoff.of(after, gaps, ctx.since_position, ctx.since_gaps).gaps)
     if position > after:
-        if db.connection().vendor != "sqlite":  # one writer at a time: nothing in flight
+        if not db.one_writer_at_a_time():  # else nothing is in flight beside this writer
             known |= {g for g in matching.gaps_below(position) if g > after}
         after = position
     known.discard(position)

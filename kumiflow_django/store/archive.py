@@ -193,7 +193,7 @@ def _advance_sequence(position: int) -> None:
     positions are ahead of this one's sequence.
     """
     connection = db.connection()
-    if connection.vendor != "postgresql":
+    if not db.explicit_ids_leave_sequence_behind():
         return
     table = Event._meta.db_table
     with connection.cursor() as cursor:

@@ -1,5 +1,9 @@
 """The one seam where the database shows through: which one, its locks, its errors.
 
+**What it can do.** The only module that asks which database it is: the
+others ask for a capability by what it means (:func:`supports_listen`,
+:func:`one_writer_at_a_time`, :func:`supports_on_conflict`, ...).
+
 **Which database.** Every table of kumiflow-django lives in the database of
 ``KUMIFLOW_DATABASE`` (default ``"default"``): the models' managers, the
 engine's transactions, its locks and its notifications all use
@@ -35,7 +39,7 @@ from __future__ import annotations
 import functools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, InterfaceError, connections, transaction
@@ -75,13 +79,6 @@ def in_transaction() -> bool:
     return bool(connection().in_atomic_block)
 
 
-def one_writer_at_a_time() -> bool:
-    """Whether the database lets one write transaction in at a time (SQLite's
-    IMMEDIATE transactions): then no two writers interleave, and a log
-    position below a committed one is never still in flight."""
-    return connection().vendor == "sqlite"
-
-
 def for_update[M: Model](qs: QuerySet[M, M], *, skip_locked: bool = False) -> QuerySet[M, M]:
     """``qs`` locking its rows where the database can (skipping locked ones if asked)."""
     features = connections[qs.db].features
@@ -90,6 +87,120 @@ def for_update[M: Model](qs: QuerySet[M, M], *, skip_locked: bool = False) -> Qu
     return qs.select_for_update(
         skip_locked=skip_locked and features.has_select_for_update_skip_locked
     )
+
+
+# -- What the database can do ----------------------------------------------
+# The only place that asks which database it is (tests/test_architecture.py
+# checks it): everywhere else asks for the capability by its name.
+
+
+#: A database alias, or a connection (one Django opens outside the aliases,
+#: such as PostgreSQL's ``__no_db__`` while it creates the test database).
+Using = str | BaseDatabaseWrapper | None
+
+
+def _connection(using: Using) -> BaseDatabaseWrapper:
+    if isinstance(using, BaseDatabaseWrapper):
+        return using
+    return connections[using or alias()]
+
+
+def _vendor(using: Using) -> str:
+    return str(_connection(using).vendor)
+
+
+def supports_listen(using: Using = None) -> bool:
+    """Whether ``LISTEN``/``NOTIFY`` reach other processes (PostgreSQL)."""
+    return _vendor(using) == "postgresql"
+
+
+def one_writer_at_a_time(using: Using = None) -> bool:
+    """Whether write transactions run one after the other (SQLite, IMMEDIATE):
+    nothing is in flight beside a writer, and threads would only queue."""
+    return _vendor(using) == "sqlite"
+
+
+def runs_python_functions(using: Using = None) -> bool:
+    """Whether SQL can call functions of this process (SQLite is embedded)."""
+    return _vendor(using) == "sqlite"
+
+
+def supports_on_conflict(using: Using = None) -> bool:
+    """``INSERT … ON CONFLICT DO NOTHING`` (PostgreSQL, SQLite), else ``INSERT IGNORE``."""
+    return _vendor(using) != "mysql"
+
+
+def explicit_ids_leave_sequence_behind(using: Using = None) -> bool:
+    """Whether inserting a row with its own id leaves the id sequence where it
+    was (PostgreSQL); MariaDB's and SQLite's counters move past it by themselves."""
+    return _vendor(using) == "postgresql"
+
+
+def json_compares_text(using: Using = None) -> bool:
+    """Whether JSON equality in SQL compares the stored text (MariaDB: escaped
+    strings, numbers as written, so 1 misses a stored 1.0)."""
+    return _vendor(using) == "mysql"
+
+
+def uuid_prefix_is_a_range(using: Using = None) -> bool:
+    """Whether the ids that start with a prefix are a range of the primary key:
+    not on MariaDB's own UUID type, which orders a UUID by its last group first."""
+    connection = _connection(using)
+    return not (connection.vendor == "mysql" and connection.features.has_native_uuid_field)
+
+
+def prefix_needs_range(using: Using = None) -> bool:
+    """Whether ``startswith`` needs an explicit range to use an index (SQLite's
+    ``LIKE`` is case-insensitive, so its index cannot serve it)."""
+    return _vendor(using) == "sqlite"
+
+
+def idle_transaction_timeout(connection: BaseDatabaseWrapper, seconds: float) -> str | None:
+    """The statement that makes the database end this connection's transaction
+    when it sits idle longer than ``seconds`` (None where there is none)."""
+    if connection.vendor == "postgresql":
+        return f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}"
+    if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
+        return f"SET SESSION idle_transaction_timeout = {max(1, int(seconds))}"
+    return None
+
+
+def erasure_permit_sql(using: Using = None) -> tuple[str, str, bool] | None:
+    """The statements that open and close the log's erasure permit on this
+    connection, and whether a rollback closes it too (PostgreSQL's setting is
+    transactional, MariaDB's session variable is not); None: the permit is a
+    Python function (SQLite)."""
+    vendor = _vendor(using)
+    if vendor == "postgresql":
+        return (
+            "SELECT set_config('kumiflow.erasure', 'on', true)",
+            "SELECT set_config('kumiflow.erasure', '', true)",
+            True,
+        )
+    if vendor == "mysql":
+        return "SET @kumiflow_erasure = 1", "SET @kumiflow_erasure = NULL", False
+    return None
+
+
+def configured_isolation(config: Mapping[str, Any]) -> str | None:
+    """The isolation level a ``DATABASES`` entry asks for, lower case, when it
+    asks for one on PostgreSQL or MySQL/MariaDB (whose default is READ
+    COMMITTED); None otherwise. Read from the settings: no connection needed."""
+    vendor = str(config.get("ENGINE", "")).rsplit(".", 1)[-1]
+    options = config.get("OPTIONS") or {}
+    if vendor not in ("postgresql", "mysql") or "isolation_level" not in options:
+        return None  # SQLite has one writer at a time; the others default to READ COMMITTED
+    level = options["isolation_level"]
+    if vendor == "postgresql":
+        from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+        try:
+            # the driver's constant (psycopg 2 and 3 number the levels differently)
+            return str(IsolationLevel(level).name.replace("_", " ").lower())
+        except ValueError:
+            return None  # Django itself refuses it when it connects
+    # MySQL and MariaDB: a name, or None for the server's default
+    return "the server's default" if level is None else str(level).lower()
 
 
 #: The unique constraint that is the log's version guard.
@@ -154,8 +265,9 @@ def is_transient(error: BaseException) -> bool:
     text = str(error).lower()
     if any(phrase in text for phrase in _SQLITE_TRANSIENT):
         return True
-    # psycopg reports a dropped connection as OperationalError without a SQLSTATE.
-    return type(cause).__name__ == "OperationalError" and sqlstate is None and "closed" in text
+    # psycopg reports a dropped or refused connection as OperationalError without a SQLSTATE.
+    lost = "closed" in text or "connection failed" in text
+    return type(cause).__name__ == "OperationalError" and sqlstate is None and lost
 
 
 def is_lock_conflict(error: BaseException) -> bool:

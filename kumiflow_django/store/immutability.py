@@ -135,7 +135,7 @@ def _execute(connection: Any, statements: Any) -> None:
 
 def register_sqlite_function(sender: Any, connection: Any, **kwargs: Any) -> None:
     """``connection_created`` receiver: give each SQLite connection the permit check."""
-    if connection.vendor == "sqlite":
+    if db.runs_python_functions(connection):
         connection.connection.create_function(
             "kumiflow_erasure_permitted", 0, lambda: int(_sqlite_permit.get())
         )
@@ -150,31 +150,26 @@ def erasure_permit(using: str | None = None) -> Iterator[None]:
     """
     using = using or db.alias()
     connection = connections[using]
-    vendor = connection.vendor
+    permit = db.erasure_permit_sql(using)  # None: SQLite's permit is the context variable
     with allow_writes(), transaction.atomic(using=using):
-        if vendor == "postgresql":
+        if permit is not None:
             with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('kumiflow.erasure', 'on', true)")
-        elif vendor == "mysql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET @kumiflow_erasure = 1")
+                cursor.execute(permit[0])
         token = _sqlite_permit.set(True)
         try:
             yield
         except BaseException:
-            if vendor == "mysql":  # session variables are not transactional
-                _close_mysql_permit(connection)
+            if permit is not None and not permit[2]:  # a session variable: not transactional
+                _close_permit(connection, permit[1])
             raise  # PostgreSQL: the rollback of this block undoes the setting
         finally:
             _sqlite_permit.reset(token)
         # Closed before the block ends: the caller's transaction goes on without it.
-        with connection.cursor() as cursor:
-            if vendor == "postgresql":
-                cursor.execute("SELECT set_config('kumiflow.erasure', '', true)")
-            elif vendor == "mysql":
-                cursor.execute("SET @kumiflow_erasure = NULL")
+        if permit is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(permit[1])
 
 
-def _close_mysql_permit(connection: Any) -> None:
+def _close_permit(connection: Any, statement: str) -> None:
     with contextlib.suppress(Exception), connection.cursor() as cursor:
-        cursor.execute("SET @kumiflow_erasure = NULL")
+        cursor.execute(statement)

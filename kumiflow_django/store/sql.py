@@ -16,6 +16,8 @@ from typing import Any
 from django.db import connections
 from django.db.models import Field, Model
 
+from kumiflow_django.store import db
+
 
 @functools.cache
 def _insert_sql(
@@ -111,7 +113,7 @@ def insert_if_absent(model: type[Model], values: dict[str, Any], *, using: str) 
     params = [f.get_db_prep_save(values[f.name], connection) for f in concrete]
     marks = ", ".join(["%s"] * len(fields))
     table = quote(model._meta.db_table)
-    if connection.vendor == "mysql":
+    if not db.supports_on_conflict(using):
         sql = f"INSERT IGNORE INTO {table} ({columns}) VALUES ({marks})"  # noqa: S608 - quoted names
     else:
         sql = f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING"  # noqa: S608

@@ -6,6 +6,10 @@ woken directly, and on PostgreSQL a ``NOTIFY`` wakes loops in other
 processes; hooks registered with :func:`on_committed` (the Django Tasks
 wake-up, :mod:`kumiflow_django.tasks`) see every piece of work. The loops'
 own polls stay the source of truth: a lost notification only costs latency.
+
+:func:`notify` is the one way the package sends a PostgreSQL notification
+(the loops' wake-ups here, the live streams' changed runs): after the
+commit, once per payload and transaction.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import partial
 from typing import NamedTuple
+
+from django.db import connections, transaction
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store import clock, db
@@ -106,10 +112,49 @@ def announce_local(kind: str) -> None:
 def announce(kind: str) -> None:
     """Wake the loops of ``kind`` here, and (PostgreSQL) in every other process."""
     announce_local(kind)
-    connection = db.connection()
-    if connection.vendor == "postgresql":
+    notify(CHANNEL, kind)
+
+
+class _Batch:
+    """What one transaction notifies: each payload is sent once, by the first of
+    its on-commit callbacks that runs. Every call registers a callback of its
+    own (the public ``transaction.on_commit``): a callback dropped with a rolled
+    back savepoint takes only its own call with it, and what a rolled back
+    transaction notified is never sent."""
+
+    def __init__(self) -> None:
+        self.sent: set[tuple[str, str]] = set()
+        #: Set by the first callback that runs: its transaction committed.
+        self.committed = False
+
+    def send(self, using: str, channel: str, payload: str) -> None:
+        self.committed = True
+        if (channel, payload) in self.sent:
+            return
+        self.sent.add((channel, payload))
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, kind])
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
         except Exception:  # a notification is an optimisation, never a failure
             logger.debug("NOTIFY failed", exc_info=True)
+
+
+_batches = threading.local()
+
+
+def notify(channel: str, payload: str, using: str | None = None) -> None:
+    """``NOTIFY channel, payload`` once the current transaction of ``using``
+    commits (at once outside a transaction), once per transaction however
+    often it is asked; nothing where the database has no ``LISTEN``.
+
+    After the commit, not inside the transaction: PostgreSQL serialises the
+    commits of all transactions that notified, so a NOTIFY inside a segment
+    would make every segment wait for the others."""
+    using = using or db.alias()
+    if not db.supports_listen(using):
+        return
+    batches: dict[str, _Batch] = _batches.__dict__.setdefault("by_alias", {})
+    batch = batches.get(using)
+    if batch is None or batch.committed:
+        batch = batches[using] = _Batch()
+    transaction.on_commit(partial(batch.send, using, channel, payload), using=using, robust=True)

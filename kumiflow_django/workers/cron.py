@@ -6,7 +6,7 @@ from datetime import datetime
 
 from kumiflow_django.cron.schedules import fire_schedule, sync_schedules
 from kumiflow_django.projections.schedules import CronSchedule
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, db
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
@@ -28,7 +28,9 @@ class CronLoop(Loop):
             # here is the database itself. The due schedules fire all the same.
             try:
                 sync_schedules()
-            except Exception:
+            except Exception as exc:
+                if db.is_transient(exc):
+                    raise  # the database is away: the loop's outage says so, once
                 logger.exception("cron: syncing the schedules failed; trying again next poll")
             else:
                 self._synced = True
@@ -39,7 +41,9 @@ class CronLoop(Loop):
                 break
             try:
                 fired += fire_schedule(workflow, version)  # disables a schedule that raises
-            except Exception:
+            except Exception as exc:
+                if db.is_transient(exc):
+                    raise  # the database is away: the loop's outage says so, once
                 logger.exception("cron %s: firing failed; it stays due", workflow)
         return fired
 

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from kumiflow_django.outbox.delivery import deliver_one, due_dispatches
 from kumiflow_django.projections.dispatches import Dispatch
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, db
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
@@ -32,7 +32,9 @@ class DispatchLoop(Loop):
             try:
                 if deliver_one(dispatch_id, version):
                     done += 1
-            except Exception:
+            except Exception as exc:
+                if db.is_transient(exc):
+                    raise  # the database is away: the loop's outage says so, once
                 logger.exception("dispatch %s: could not be processed; it stays due", dispatch_id)
         return done
 

@@ -33,6 +33,7 @@ from django.db import connections
 from kumiflow_django.conf import settings
 from kumiflow_django.store import db, wakeups
 from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.workers.loop import Outage
 
 logger = get_logger("kumiflow_django.listener")
 
@@ -74,6 +75,7 @@ class PgListener(threading.Thread):
         self.listening = threading.Event()
         #: Set when the probe found that notifications do not arrive.
         self.gave_up = threading.Event()
+        self.outage = Outage("LISTEN connection")
 
     def stop(self) -> None:
         self._stopping.set()
@@ -89,15 +91,16 @@ class PgListener(threading.Thread):
                         return
                     conn.execute(f"LISTEN {wakeups.CHANNEL}")
                     self.listening.set()
+                    self.outage.succeeded()
                     logger.info("listening for notifications on %s", wakeups.CHANNEL)
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             logger.debug("notified: %s", note.payload)
                             wakeups.announce_local(note.payload)
-            except Exception:
+            except Exception as exc:
                 self.listening.clear()
-                logger.warning("LISTEN connection lost; retrying", exc_info=True)
-                self._stopping.wait(2.0)
+                away = isinstance(exc, psycopg.OperationalError)  # the connection's errors
+                self._stopping.wait(self.outage.failed(exc, away=away))
 
     def _give_up(self) -> None:
         self.gave_up.set()

@@ -5,12 +5,18 @@ bounded by ``max_interval``, or until it is told that new work was
 committed (in this process, or by PostgreSQL ``NOTIFY`` from another).
 ``stop()`` makes it finish the item at hand and return. Commands are thin
 shells around these classes; tests call ``run_once()`` directly.
+
+A batch that raises (the database is away: restarting, unreachable) is an
+:class:`Outage`: one line when it starts, a capped exponential backoff with
+jitter between tries, one line when a try succeeds again.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -18,10 +24,96 @@ from django.conf import settings as django_settings
 from django.db import reset_queries
 from django.db.backends.signals import connection_created
 
+from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.store import clock, db, wakeups
 from kumiflow_django.store.telemetry import get_logger
 
 logger = get_logger("kumiflow_django.workers.loop")
+
+#: The pauses between tries while a loop's database is away: 0.25 s, doubled
+#: after each failed try up to 4 s, give or take a quarter (so the workers of
+#: a fleet do not come back in step). Short, so that a loop is back within
+#: seconds of the database.
+OUTAGE_BACKOFF = BackoffPolicy(backoff="exponential", base=0.25, max_delay=4.0, jitter=0.25)
+
+
+def summary(error: BaseException) -> str:
+    """An error on one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+class Outage:
+    """What a loop does while its work keeps failing (the database is away).
+
+    The first failure logs one line: a warning with the error's summary when
+    the database is away for now (:func:`~kumiflow_django.store.db.is_transient`),
+    an error with its traceback otherwise (something nobody expected). The
+    failures after it log at debug level only. Each failure answers how long
+    to pause (:data:`OUTAGE_BACKOFF`); the first success after them logs one
+    line with how long the outage lasted and ends it. One per loop (its pool
+    threads share it) and one for the LISTEN thread: each says its own start
+    and end.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        backoff: BackoffPolicy = OUTAGE_BACKOFF,
+        rng: random.Random | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.backoff = backoff
+        self.rng = rng
+        self.monotonic = monotonic
+        #: Failed tries since the last success (0: no outage).
+        self.failures = 0
+        self._since = 0.0
+        self._lock = threading.Lock()
+
+    def failed(self, error: BaseException, *, away: bool | None = None) -> float:
+        """Count a failed try; the seconds to pause before the next one.
+        ``away``: whether ``error`` says the database is away (default: what
+        :func:`~kumiflow_django.store.db.is_transient` says of a Django error)."""
+        with self._lock:
+            self.failures += 1
+            failures = self.failures
+            if failures == 1:
+                self._since = self.monotonic()
+        pause = self.backoff.delay(failures, self.rng).total_seconds()
+        if failures == 1:
+            if db.is_transient(error) if away is None else away:
+                logger.warning(
+                    "%s: the database is unavailable (%s); trying again with backoff",
+                    self.name,
+                    summary(error),
+                )
+            else:
+                logger.error(
+                    "%s: failed (%s); trying again with backoff",
+                    self.name,
+                    summary(error),
+                    exc_info=error,
+                )
+        else:
+            logger.debug(
+                "%s: still failing (%s); next try in %.2f s", self.name, summary(error), pause
+            )
+        return pause
+
+    def succeeded(self) -> None:
+        """A try worked: end the outage, if there was one, with one line."""
+        with self._lock:
+            failures, self.failures = self.failures, 0
+        if failures:
+            logger.warning(
+                "%s: working again after %.1f s (%d failed tries)",
+                self.name,
+                self.monotonic() - self._since,
+                failures,
+            )
 
 
 class Loop:
@@ -34,6 +126,7 @@ class Loop:
         self.max_interval = max_interval
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        self.outage = Outage(f"{self.name} loop")
 
     # -- to implement ------------------------------------------------------
     def run_once(self) -> int:
@@ -64,6 +157,22 @@ class Loop:
         seconds = (due - clock.now()).total_seconds()
         return min(max(seconds, 0.0), self.max_interval)
 
+    def idle(self, seconds: float) -> None:
+        """Pause up to ``seconds``: until work is announced or ``stop()`` is called."""
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def poll(self) -> float | None:
+        """One batch; the pause before the next (None: more is due). A batch that
+        raises is a failed try of the outage: it answers the backoff's pause."""
+        try:
+            handled = self.run_once()
+            pause = None if handled >= self.batch_size else self.sleep_seconds()
+        except Exception as exc:
+            return self.outage.failed(exc)
+        self.outage.succeeded()
+        return pause
+
     def run_forever(self) -> None:
         wakeups.subscribe(self.notify)
         logger.info("%s loop started", self.name)
@@ -72,23 +181,12 @@ class Loop:
                 refresh_connection()
                 if django_settings.DEBUG:
                     reset_queries()
-                try:
-                    handled = self.run_once()
-                except Exception:
-                    logger.exception("%s loop: a batch failed; trying again", self.name)
-                    handled = 0
+                pause = self.poll()
                 if self._stopping.is_set():
                     break
-                if handled >= self.batch_size:
-                    continue  # more is due: no sleep
-                try:
-                    pause = self.sleep_seconds()
-                except Exception:
-                    logger.exception("%s loop: finding the next due time failed", self.name)
-                    pause = self.max_interval
-                logger.debug("%s loop: idle for up to %.1f s", self.name, pause)
-                self._wake.wait(pause)
-                self._wake.clear()
+                if pause is not None:  # else more is due: no sleep
+                    logger.debug("%s loop: idle for up to %.1f s", self.name, pause)
+                    self.idle(pause)
         finally:
             wakeups.unsubscribe(self.notify)
             self.close()
@@ -128,10 +226,9 @@ def limit_idle_transactions(seconds: float) -> None:
     def configure(sender: Any, connection: Any, **kwargs: Any) -> None:
         if connection.alias != db.alias():
             return
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}")
-            elif connection.vendor == "mysql" and connection.mysql_is_mariadb:
-                cursor.execute(f"SET SESSION idle_transaction_timeout = {max(1, int(seconds))}")
+        statement = db.idle_transaction_timeout(connection, seconds)
+        if statement is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(statement)
 
     connection_created.connect(configure, dispatch_uid="kumiflow-idle-transactions", weak=False)

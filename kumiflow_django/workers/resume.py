@@ -146,7 +146,7 @@ class ResumeLoop(Loop):
         # SQLite lets one writer in at a time: threads would only queue for it.
         # Inside a transaction (a test), other connections would not see its data.
         connection = db.connection()
-        return self.threads > 1 and connection.vendor != "sqlite" and not connection.in_atomic_block
+        return self.threads > 1 and not db.one_writer_at_a_time() and not connection.in_atomic_block
 
     def _release(self, run_id: uuid.UUID) -> None:
         WorkflowRun.objects.filter(pk=run_id, lease_owner=self.worker_id).update(

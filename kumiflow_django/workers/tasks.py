@@ -136,7 +136,9 @@ class TaskLoop(Loop):
         for task_id in expired:
             try:
                 task = attempts.expire(task_id, now)
-            except Exception:
+            except Exception as exc:
+                if db.is_transient(exc):
+                    raise  # the database is away: the loop's outage says so, once
                 logger.exception(
                     "task %s: giving up its attempt failed; tried again later", task_id
                 )
@@ -255,8 +257,11 @@ class TaskLoop(Loop):
         try:
             outcome = attempts.run(attempt)
             self._record(attempt, outcome)
-        except Exception:
+        except Exception as exc:
             # The outcome is lost: the lease runs out and the attempt is tried again.
+            if db.is_transient(exc):  # the database is away: one line for the loop and its pool
+                self.outage.failed(exc)
+                return
             logger.exception(
                 "task %s: recording attempt %d failed; it is tried again after its lease",
                 attempt.task_id,

@@ -38,12 +38,6 @@ BAD_IDS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """The table logs a superuser in for each of its ~190 rows."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def data(registry):
     """A run with an outbox row, its events, and a cron schedule."""

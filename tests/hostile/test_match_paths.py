@@ -20,12 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connections
 
 from kumiflow_django import append_event, define_workflow, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.definition.matching import _narrow, correlation_key, same_value
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
+from kumiflow_django.store import db
 from kumiflow_django.store.errors import WorkflowDefinitionError
 from kumiflow_django.workers.resume import ResumeLoop
 
@@ -149,7 +149,7 @@ def test_the_sql_narrows_by_the_literal_key_and_never_drops_the_match(path, narr
     send(path, "a decoy", "decoy-1")
     send(path, "wanted", "real-1")
     events = Event.objects.all()
-    found = _narrow(events, 0, path, "wanted", connections[events.db].vendor)
+    found = _narrow(events, 0, path, "wanted", db.json_compares_text(events.db))
     streams = sorted(found.values_list("stream_id", flat=True))
     assert streams == (["real-1"] if narrowed else ["decoy-1", "real-1"])
 
