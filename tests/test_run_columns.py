@@ -68,7 +68,7 @@ FOLD_PATH = {
 
 #: The scheduler: the code that may write SCHEDULER_COLUMNS and PARKED_COLUMNS.
 SCHEDULER = {
-    ("workers/resume.py", "_lease"): "the resume loop leases due runs",
+    ("workers/resume.py", "lease"): "the resume loop leases due runs (its claim)",
     ("workers/resume.py", "_release"): "and gives back a lease it did not use",
     ("engine/admission.py", "park"): "a due queued run still held waits again",
     ("flow/gates.py", "wake"): "a freed slot makes the next parked runs due",

@@ -164,7 +164,7 @@ class ResumeLoop(Loop):
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
         order = {due.id: i for i, due in enumerate(chunk)}
 
-        def take() -> list[Due]:
+        def lease() -> list[Due]:
             rows = WorkflowRun.objects.due(now).filter(free, pk__in=list(order))
             found = [
                 Due(*row)
@@ -178,7 +178,7 @@ class ResumeLoop(Loop):
                 )
             return found
 
-        found: list[Due] = claim(take, lost=[])
+        found: list[Due] = claim(lease, lost=[])
         claimed = []
         for row in sorted(found, key=lambda r: order[r.id]):
             recovered: Recovered | None = None
