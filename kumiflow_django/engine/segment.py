@@ -86,6 +86,8 @@ class Segment:
         self.cancellations: list[Cancellation] = []
         self.had_waits = run is not None and run.branch_waits > 0
         self.was_finished = run is not None and run.status in FINISHED
+        #: Its end frees a slot of its key (a new run's: if it was admitted).
+        self.held_slot = run is None or admission.holds_slot(run)
         #: Set by the runner: a new run admitted in this segment (flow control).
         self.flow_entry: Pending | None = None
 
@@ -137,7 +139,7 @@ class Segment:
         if self.flow_entry is not None:
             self.flow_entry.written = True  # counted from its row now
         quiet = self.run.new and self.flow_entry is not None and self.flow_entry.quiet
-        if ended and row.flow_key and not quiet:
+        if ended and row.flow_key and self.held_slot and not quiet:
             admission.release(row)  # wake the runs parked behind its key
         if ended or (self.run.events and self.run.events[-1].type == ev.COMPENSATION_STARTED):
             cancelled = row.status == RunStatus.CANCELLED or (

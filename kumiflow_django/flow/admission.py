@@ -80,6 +80,10 @@ class Gate(Protocol):
 
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]: ...
 
+    def woken(self, scope: str, key: str) -> int:
+        """Items woken and not admitted yet: a slot is theirs (only the sweep asks)."""
+        ...
+
 
 @dataclass
 class Pending:
@@ -276,17 +280,26 @@ def _save_held(kind: str, flow_key: FlowKey, before: int) -> None:
         )
 
 
-def release(gate: Gate, concurrency: Concurrency) -> int:
+def release(gate: Gate, concurrency: Concurrency, *, recheck: bool = False) -> int:
     """An item of the key stopped being active (in this transaction): wake as
-    many parked items as there are free slots. Returns how many were woken."""
-    flow_key = for_update(
-        FlowKey.objects.filter(kind=gate.kind, scope=concurrency.scope, key=concurrency.key)
-    ).first()
-    if flow_key is None or not flow_key.held:
+    many parked items as there are free slots. Returns how many were woken.
+
+    ``recheck``: the sweep's look at a key with parked items, whatever its row
+    says (a count of parked items that is too low, a row that is missing)."""
+    flow_key: FlowKey | None
+    if recheck:
+        flow_key, _ = lock_key(gate.kind, concurrency.scope, concurrency.key)
+    else:
+        flow_key = for_update(
+            FlowKey.objects.filter(kind=gate.kind, scope=concurrency.scope, key=concurrency.key)
+        ).first()
+    if flow_key is None or not (flow_key.held or recheck):
         return 0
     free = max_active(concurrency.scope, concurrency.max) - gate.active(
         concurrency.scope, concurrency.key
     )
+    if recheck:
+        free -= gate.woken(concurrency.scope, concurrency.key)
     if free <= 0:
         return 0
     before = flow_key.held

@@ -5,8 +5,13 @@ sleeping, retrying: "started and not finished"); a queued run is parked
 (``held_by="concurrency"`` and no wake time) until a slot frees. A task
 attempt is active while it runs; a parked attempt has no next attempt time.
 Waking sets the wake time to now, in order of priority, then of arrival
-(the start, then the log's position at the start: starts in one instant);
-rows another transaction holds are skipped (it is deciding about them).
+(the start, then the log's position at the start: starts in one instant).
+A parked run another transaction holds is waited for when it is next in
+line: an operator's check, a worker's read or a cancellation may hold it,
+and none of them takes the key afterwards (a parked run's end frees no slot,
+:func:`kumiflow_django.engine.admission.holds_slot`). A parked attempt is
+only ever held by what ends it (a cancellation, which then takes its key):
+it is skipped.
 """
 
 from __future__ import annotations
@@ -54,6 +59,15 @@ class Runs:
         ).count()
         return written + pending_count(scope, key)
 
+    def woken(self, scope: str, key: str) -> int:
+        return WorkflowRun.objects.filter(
+            flow_scope=scope,
+            flow_key=key,
+            status=RunStatus.QUEUED,
+            held_by=CONCURRENCY,
+            wake_at__isnull=False,
+        ).count()
+
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
         parked = WorkflowRun.objects.filter(
             flow_scope=scope,
@@ -62,7 +76,9 @@ class Runs:
             held_by=CONCURRENCY,
             wake_at__isnull=True,
         )
-        ids, everyone = _lock_first(parked, ("-priority", "started_at", "since_position"), n)
+        ids, everyone = _lock_first(
+            parked, ("-priority", "started_at", "since_position"), n, wait=True
+        )
         if ids:
             now = clock.now()
             WorkflowRun.objects.filter(pk__in=ids).update(wake_at=now)
@@ -78,6 +94,15 @@ class Tasks:
             flow_scope=scope, flow_key=key, status=TaskStatus.RUNNING
         ).count()
 
+    def woken(self, scope: str, key: str) -> int:
+        return StepTask.objects.filter(
+            flow_scope=scope,
+            flow_key=key,
+            status=TaskStatus.PENDING,
+            held_by=CONCURRENCY,
+            next_attempt_at__isnull=False,
+        ).count()
+
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
         parked = StepTask.objects.filter(
             flow_scope=scope,
@@ -86,7 +111,7 @@ class Tasks:
             held_by=CONCURRENCY,
             next_attempt_at__isnull=True,
         )
-        ids, everyone = _lock_first(parked, ("-priority", "created_at"), n)
+        ids, everyone = _lock_first(parked, ("-priority", "created_at"), n, wait=False)
         if ids:
             now = clock.now()
             # held_by stays: a woken attempt takes a free slot without queueing again.
@@ -98,27 +123,40 @@ class Tasks:
 
 
 def _lock_first(
-    parked: QuerySet[Any, Any], order: tuple[str, ...], n: int
+    parked: QuerySet[Any, Any], order: tuple[str, ...], n: int, *, wait: bool
 ) -> tuple[list[Any], bool]:
     """The first ``n`` parked rows in ``order``, locked, and whether they were all
-    the parked rows there are; rows another transaction holds are skipped (it
-    is deciding about them).
+    the parked rows there are.
 
     Found without a lock, then locked by primary key: a locking read through a
     secondary index locks every entry it passes on MariaDB, and waits for them
-    even with SKIP LOCKED (two wakers deadlocked over the due index)."""
+    even with SKIP LOCKED (two wakers deadlocked over the due index). Rows
+    another transaction holds are skipped in one statement; with ``wait``, one
+    that is next in line is then waited for, alone by its primary key: a
+    skipped row nobody wakes later stays parked for good (the key's last
+    release skipped its last parked run while a worker's read held it)."""
     ids = list(parked.order_by(*order).values_list("pk", flat=True)[: n + WAKE_SLACK])
     if not ids:
         return [], True
-    model = parked.model
-    locked = list(
-        for_update(model._default_manager.filter(pk__in=ids), skip_locked=True).values_list(
-            "pk", flat=True
-        )
+    manager = parked.model._default_manager
+    free = set(
+        for_update(manager.filter(pk__in=ids), skip_locked=True).values_list("pk", flat=True)
     )
     # Locked now: still parked? (read again without a lock: it cannot change under us)
-    still = set(parked.filter(pk__in=locked).values_list("pk", flat=True))
-    chosen = [pk for pk in ids if pk in still][:n]
+    still = set(parked.filter(pk__in=free).values_list("pk", flat=True))
+    chosen: list[Any] = []
+    for pk in ids:
+        if len(chosen) == n:
+            break
+        if pk in free:
+            parked_still = pk in still
+        elif wait:  # waits for its holder; it may have ended it, or not
+            locked = for_update(manager.filter(pk=pk)).values_list("pk", flat=True)
+            parked_still = bool(locked) and parked.filter(pk=pk).exists()
+        else:
+            parked_still = False
+        if parked_still:
+            chosen.append(pk)
     # Every parked row was read, and none was skipped: nothing stays parked.
     return chosen, len(ids) < n + WAKE_SLACK and len(chosen) == len(ids)
 
