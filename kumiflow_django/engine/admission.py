@@ -167,14 +167,14 @@ class StrandedSweep:
     A parked run waits for the end of an active run of its key, and nothing
     else looks at it: a wake that was lost (a release that did not run, a
     count of parked runs that is too low) would leave it parked for good.
-    Each pass reads the next :data:`SWEEP_BATCH` parked runs in the order
-    they started (the status index: queued rows only, never the finished
-    ones) and checks each of their keys once, under the key's lock, as a
-    release does: free slots wake the first in line; a run parked behind an
+    Each pass reads the next :data:`SWEEP_BATCH` parked runs, newest start
+    first (the status index: queued rows only, never the finished ones),
+    and checks each of their keys once, under the key's lock, as a release
+    does: free slots wake the first in line; a run parked behind an
     active one stays parked."""
 
     def __init__(self) -> None:
-        #: Where the next pass starts (None: from the oldest parked run).
+        #: Where the next pass starts (None: from the newest parked run).
         self.after: datetime | None = None
 
     def __call__(self, limit: int = SWEEP_BATCH) -> int:
@@ -182,18 +182,19 @@ class StrandedSweep:
             status=RunStatus.QUEUED, held_by=admission.CONCURRENCY, wake_at__isnull=True
         )
         if self.after is not None:
-            parked = parked.filter(started_at__gte=self.after)
+            parked = parked.filter(started_at__lte=self.after)
+        # Newest first, the order of the status index (status, -started_at).
         rows = list(
-            parked.order_by("started_at").values_list("pk", "started_at", "flow_scope", "flow_key")[
-                :limit
-            ]
+            parked.order_by("-started_at").values_list(
+                "pk", "started_at", "flow_scope", "flow_key"
+            )[:limit]
         )
         if len(rows) < limit:
-            self.after = None  # a full lap: the next pass starts again from the oldest
+            self.after = None  # a full lap: the next pass starts again from the newest
         else:
             last = rows[-1][1]
             # A batch of one instant moves on past it (else it would be read again and again).
-            self.after = last if last != self.after else last + timedelta(microseconds=1)
+            self.after = last if last != self.after else last - timedelta(microseconds=1)
         first_of_key: dict[tuple[str, str], Any] = {}
         for pk, _, scope, key in rows:
             if key:
@@ -210,7 +211,7 @@ class StrandedSweep:
 
 
 def wake_stranded(limit: int = SWEEP_BATCH) -> int:
-    """One pass of :class:`StrandedSweep` from the oldest parked run."""
+    """One pass of :class:`StrandedSweep` from the newest parked run."""
     return StrandedSweep()(limit)
 
 
