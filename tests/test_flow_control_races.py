@@ -101,6 +101,21 @@ def test_cancelling_a_parked_run_while_its_key_wakes_it_does_not_deadlock(one_pe
     connections.close_all()
 
 
+# -- the invariant ---------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_active_limited_run_without_its_key_row_breaks_the_invariant(one_per_key):
+    from kumiflow_django.flow.gates import RUNS, TASKS, unkeyed
+
+    start_workflow("sync-one")
+    start_workflow("sync-one")  # queued: parked runs need no row of their own
+    assert (unkeyed(RUNS), unkeyed(TASKS)) == ([], [])
+    FlowKey.objects.all().delete()  # what a purge of a busy key would do
+    assert unkeyed(RUNS) == [("sync-one", "k")]
+    assert start_workflow("sync-one").status == RunStatus.WAITING  # over the limit: why it matters
+
+
 # -- the safety net ---------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.flow import admission
-from kumiflow_django.flow.admission import Concurrency, Hold, RateSpec
+from kumiflow_django.flow.admission import Admission, Concurrency, Hold, RateSpec
 from kumiflow_django.flow.gates import ACTIVE, RUNS
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.store import db
@@ -84,19 +84,16 @@ def _rate(workflow: Workflow, key: str) -> RateSpec | None:
     return RateSpec(rate_scope_of(workflow), key, rate.limit, rate.period)
 
 
-def admit_new(
-    workflow: Workflow, flow: dict[str, Any] | None, report: dict[str, bool] | None = None
-) -> Hold | None:
-    """Whether a run starting now may run (None), or what holds it (``report``:
-    see :func:`kumiflow_django.flow.admission.admit`)."""
+def admit_new(workflow: Workflow, flow: dict[str, Any] | None) -> Admission:
+    """Whether a run starting now may run, or what holds it (see
+    :func:`kumiflow_django.flow.admission.admit`)."""
     if not flow:
-        return None
+        return Admission(None)
     return admission.admit(
         RUNS,
         _concurrency(workflow, flow.get("scope", ""), flow.get("key", "")),
         _rate(workflow, flow.get("rate_key", "")),
         new=True,
-        report=report,
     )
 
 
@@ -108,7 +105,7 @@ def admit_queued(run: WorkflowRun, workflow: Workflow) -> Hold | None:
         _rate(workflow, run.rate_key),
         # A debounced run was never in a key's line, nor a rate-held one.
         new=run.held_by != admission.CONCURRENCY,
-    )
+    ).hold
 
 
 def held_payload(hold: Hold) -> dict[str, Any]:

@@ -330,7 +330,7 @@ def start_run(
                 f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
             )
         held = False
-        report: dict[str, bool] = {}
+        quiet = False
         flow: dict[str, Any] | None = None
         if reason is None:
             try:
@@ -340,9 +340,10 @@ def start_run(
             if debounce is not None:
                 flow = {**(flow or {}), **debounce}
             elif flow is not None:
-                hold = admission.admit_new(workflow, flow, report)
-                if hold is not None:
-                    flow["held"] = admission.held_payload(hold)
+                admitted = admission.admit_new(workflow, flow)
+                quiet = admitted.quiet
+                if admitted.hold is not None:
+                    flow["held"] = admission.held_payload(admitted.hold)
             if flow is not None:
                 started["flow"] = flow
                 held = "held" in flow
@@ -366,7 +367,7 @@ def start_run(
             # counted as active until its row is written; ending in this
             # segment with nothing parked behind its key meanwhile wakes nobody
             flow_entry=(
-                Pending(flow["scope"], flow["key"], quiet=report.get("quiet", False))
+                Pending(flow["scope"], flow["key"], quiet=quiet)
                 if flow is not None and flow.get("key") and not held
                 else None
             ),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from kumiflow_django.definition.durations import parse_duration
 from kumiflow_django.flow.admission import (
@@ -33,6 +33,7 @@ from kumiflow_django.flow.admission import (
     release,
     window_of,
 )
+from kumiflow_django.flow.models import FlowKey
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.store import clock
@@ -52,11 +53,12 @@ ACTIVE = (
 class Runs:
     kind = "run"
 
+    def active_rows(self) -> QuerySet[WorkflowRun, WorkflowRun]:
+        return WorkflowRun.objects.filter(status__in=ACTIVE)
+
     def active(self, scope: str, key: str) -> int:
         """Active rows, and runs admitted in this transaction not written yet."""
-        written: int = WorkflowRun.objects.filter(
-            flow_scope=scope, flow_key=key, status__in=ACTIVE
-        ).count()
+        written = self.active_rows().filter(flow_scope=scope, flow_key=key).count()
         return written + pending_count(scope, key)
 
     def woken(self, scope: str, key: str) -> int:
@@ -89,10 +91,11 @@ class Runs:
 class Tasks:
     kind = "task"
 
+    def active_rows(self) -> QuerySet[StepTask, StepTask]:
+        return StepTask.objects.filter(status=TaskStatus.RUNNING)
+
     def active(self, scope: str, key: str) -> int:
-        return StepTask.objects.filter(
-            flow_scope=scope, flow_key=key, status=TaskStatus.RUNNING
-        ).count()
+        return self.active_rows().filter(flow_scope=scope, flow_key=key).count()
 
     def woken(self, scope: str, key: str) -> int:
         return StepTask.objects.filter(
@@ -169,6 +172,21 @@ RUNS = Runs()
 TASKS = Tasks()
 
 
+def unkeyed(gate: Runs | Tasks) -> list[tuple[str, str]]:
+    """The invariant the count under a key's lock relies on, written once:
+    every active limited item has its key's row (created by its admission,
+    or by :func:`~kumiflow_django.flow.admission.lock_key` wherever an item
+    becomes active otherwise, as ``retry_run`` does; deleted only when the
+    key has nothing active or parked). A key without its row is taken for a
+    new one, and admits without counting. Returns the (scope, key) of the
+    active items that break it: none, unless something wrote around it."""
+    keyed = FlowKey.objects.filter(
+        kind=gate.kind, scope=OuterRef("flow_scope"), key=OuterRef("flow_key")
+    )
+    broken = gate.active_rows().exclude(flow_key="").filter(~Exists(keyed))
+    return sorted(set(broken.values_list("flow_scope", "flow_key")))
+
+
 def task_limits(task: StepTask) -> tuple[Concurrency | None, RateSpec | None]:
     """A task's concurrency limit and rate, as its ``task.requested`` recorded them."""
     flow = task.flow or {}
@@ -188,7 +206,7 @@ def admit_task(task: StepTask, now: datetime) -> bool:
     concurrency, rate = task_limits(task)
     if concurrency is None and rate is None:
         return True
-    hold = admit(TASKS, concurrency, rate, new=task.held_by != CONCURRENCY, now=now)
+    hold = admit(TASKS, concurrency, rate, new=task.held_by != CONCURRENCY, now=now).hold
     if hold is None:
         if task.held_by:  # operational, like the parking: not an event
             StepTask.objects.filter(pk=task.id).update(held_by="")
