@@ -161,3 +161,23 @@ def test_the_resume_loop_runs_the_sweep(one_per_key, clock):
     loop = ResumeLoop()
     loop.run_once()  # the pass sweeps first: the run it wakes is resumed in it
     assert reload(stranded).status == RunStatus.WAITING
+
+
+@pytest.mark.django_db
+def test_a_failing_sweep_does_not_stop_the_resumes_but_an_outage_fails_the_pass(one_per_key, clock):
+    from unittest import mock
+
+    from django.db import OperationalError
+
+    from kumiflow_django.workers.resume import ResumeLoop
+
+    define_workflow("plain", start_mode="deferred", steps=[s.return_(1)])
+    run = start_workflow("plain")
+    loop = ResumeLoop()
+    with mock.patch.object(loop, "_stranded", side_effect=RuntimeError("a bug")):
+        assert loop.run_once() == 1  # logged; the due run was resumed all the same
+    assert reload(run).status == RunStatus.COMPLETED
+    loop = ResumeLoop()
+    away = OperationalError(2006, "MySQL server has gone away")
+    with mock.patch.object(loop, "_stranded", side_effect=away), pytest.raises(OperationalError):
+        loop.run_once()  # the loop's outage handling sees it, as with the due query

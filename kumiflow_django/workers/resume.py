@@ -152,15 +152,17 @@ class ResumeLoop(Loop):
 
     def sweep_stranded(self) -> int:
         """Wake parked runs whose key has a free slot, at most every
-        :data:`STRANDED_SWEEP_SECONDS`; a failure is logged, the resumes go on."""
+        :data:`STRANDED_SWEEP_SECONDS`. A database that is away fails the pass,
+        as the due query would; anything else is logged and the resumes go on."""
         if time.monotonic() < self._next_sweep:
             return 0
         self._next_sweep = time.monotonic() + STRANDED_SWEEP_SECONDS
         try:
             return self._stranded()
         except Exception as exc:
-            log = logger.warning if is_transient(exc) else logger.exception
-            log("resume: looking for stranded parked runs failed (%s); tried again later", exc)
+            if is_transient(exc):
+                raise
+            logger.exception("resume: looking for stranded parked runs failed; tried again later")
             return 0
 
     def _parallel(self) -> bool:
