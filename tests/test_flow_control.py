@@ -33,6 +33,15 @@ from kumiflow_django.workers.resume import ResumeLoop
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def every_active_limited_item_has_its_key_row():
+    """After each test: the invariant admission counts by (flow.gates.unkeyed)."""
+    from kumiflow_django.flow.gates import RUNS, TASKS, unkeyed
+
+    yield
+    assert (unkeyed(RUNS), unkeyed(TASKS)) == ([], [])
+
+
 def reload(run):
     return WorkflowRun.objects.get(pk=run.pk)
 

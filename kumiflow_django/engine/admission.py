@@ -11,7 +11,7 @@ the runs parked behind its key, in the same transaction.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from kumiflow_django.definition.context import Trigger
@@ -21,12 +21,16 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.flow import admission
-from kumiflow_django.flow.admission import Concurrency, Hold, RateSpec
-from kumiflow_django.flow.gates import RUNS
-from kumiflow_django.projections.runs import WorkflowRun
+from kumiflow_django.flow.admission import Admission, Concurrency, Hold, RateSpec
+from kumiflow_django.flow.gates import ACTIVE, RUNS
+from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import is_transient
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.values import clean_text
+
+logger = get_logger("kumiflow_django.flow")
 
 #: A run whose workflow lost its limit keeps its key: every parked run is woken.
 UNLIMITED = 2**31 - 1
@@ -80,19 +84,16 @@ def _rate(workflow: Workflow, key: str) -> RateSpec | None:
     return RateSpec(rate_scope_of(workflow), key, rate.limit, rate.period)
 
 
-def admit_new(
-    workflow: Workflow, flow: dict[str, Any] | None, report: dict[str, bool] | None = None
-) -> Hold | None:
-    """Whether a run starting now may run (None), or what holds it (``report``:
-    see :func:`kumiflow_django.flow.admission.admit`)."""
+def admit_new(workflow: Workflow, flow: dict[str, Any] | None) -> Admission:
+    """Whether a run starting now may run, or what holds it (see
+    :func:`kumiflow_django.flow.admission.admit`)."""
     if not flow:
-        return None
+        return Admission(None)
     return admission.admit(
         RUNS,
         _concurrency(workflow, flow.get("scope", ""), flow.get("key", "")),
         _rate(workflow, flow.get("rate_key", "")),
         new=True,
-        report=report,
     )
 
 
@@ -104,7 +105,7 @@ def admit_queued(run: WorkflowRun, workflow: Workflow) -> Hold | None:
         _rate(workflow, run.rate_key),
         # A debounced run was never in a key's line, nor a rate-held one.
         new=run.held_by != admission.CONCURRENCY,
-    )
+    ).hold
 
 
 def held_payload(hold: Hold) -> dict[str, Any]:
@@ -124,17 +125,91 @@ def park(run: WorkflowRun, hold: Hold) -> None:
     )
 
 
-def release(run: WorkflowRun) -> None:
+def holds_slot(run: WorkflowRun) -> bool:
+    """Whether the run, as its row is before its end, holds a slot of its key
+    or was given one (woken, not admitted yet): only then does its end free
+    one. A run parked behind its key holds nothing, and its end takes no key
+    lock: a waker holding the key waits for the parked rows it wakes."""
+    if run.status in ACTIVE:
+        return True
+    return (
+        run.status == RunStatus.QUEUED
+        and run.held_by == admission.CONCURRENCY
+        and run.wake_at is not None
+    )
+
+
+def release(run: WorkflowRun, *, recheck: bool = False) -> int:
     """A limited run stopped being active (in this transaction): wake the runs
-    parked behind its key."""
+    parked behind its key (``recheck``: see :func:`wake_stranded`). Returns
+    how many were woken."""
     if not run.flow_key:
-        return
+        return 0
     workflow = registry.find(run.workflow, run.workflow_version or None)
     if workflow is None and registry.is_registered(run.workflow):
         workflow = registry.get(run.workflow)
     concurrency = _concurrency(workflow, run.flow_scope, run.flow_key)
-    if concurrency is not None:
-        admission.release(RUNS, concurrency)
+    if concurrency is None:
+        return 0
+    return admission.release(RUNS, concurrency, recheck=recheck)
+
+
+#: Parked runs the sweep reads per pass (each pass goes on where the last stopped).
+SWEEP_BATCH = 500
+
+
+class StrandedSweep:
+    """The safety net under the wakes: parked runs whose key has a free slot.
+
+    A parked run waits for the end of an active run of its key, and nothing
+    else looks at it: a wake that was lost (a release that did not run, a
+    count of parked runs that is too low) would leave it parked for good.
+    Each pass reads the next :data:`SWEEP_BATCH` parked runs, newest start
+    first (the status index: queued rows only, never the finished ones),
+    and checks each of their keys once, under the key's lock, as a release
+    does: free slots wake the first in line; a run parked behind an
+    active one stays parked."""
+
+    def __init__(self) -> None:
+        #: Where the next pass starts (None: from the newest parked run).
+        self.after: datetime | None = None
+
+    def __call__(self, limit: int = SWEEP_BATCH) -> int:
+        parked = WorkflowRun.objects.filter(
+            status=RunStatus.QUEUED, held_by=admission.CONCURRENCY, wake_at__isnull=True
+        )
+        if self.after is not None:
+            parked = parked.filter(started_at__lte=self.after)
+        # Newest first, the order of the status index (status, -started_at).
+        rows = list(
+            parked.order_by("-started_at").values_list(
+                "pk", "started_at", "flow_scope", "flow_key"
+            )[:limit]
+        )
+        if len(rows) < limit:
+            self.after = None  # a full lap: the next pass starts again from the newest
+        else:
+            last = rows[-1][1]
+            # A batch of one instant moves on past it (else it would be read again and again).
+            self.after = last if last != self.after else last - timedelta(microseconds=1)
+        first_of_key: dict[tuple[str, str], Any] = {}
+        for pk, _, scope, key in rows:
+            if key:
+                first_of_key.setdefault((scope, key), pk)
+        woken = 0
+        for pk in first_of_key.values():
+            with db.atomic():
+                run = WorkflowRun.objects.filter(pk=pk).first()
+                if run is not None:
+                    woken += release(run, recheck=True)
+        if woken:
+            logger.warning("flow control: woke %d parked run(s) whose key had a free slot", woken)
+        return woken
+
+
+def wake_stranded(limit: int = SWEEP_BATCH) -> int:
+    """One pass of :class:`StrandedSweep` from the newest parked run."""
+    return StrandedSweep()(limit)
 
 
 def hold_text(run: WorkflowRun, now: datetime) -> str:

@@ -247,12 +247,12 @@ def cancel_child(child_id: uuid.UUID | str, *, reason: str) -> None:
     child = for_update(WorkflowRun.objects.filter(pk=child_id)).first()  # its parent is held
     if child is None or child.status in FINISHED:
         return
-    had_waits = child.branch_waits > 0
+    had_waits, held_slot = child.branch_waits > 0, admission.holds_slot(child)
     change = Change(RUNS, str(child.id), child.tenant_id, child, now=clock.now())
     child.lease_owner, child.lease_until = "", None
     change.add(ev.RUN_CANCELLED, {"reason": reason})
     write([change])
-    ended(change.saved, had_waits=had_waits, cancelled=True, notify_parent=False)
+    ended(change.saved, had_waits=had_waits, cancelled=True, release=held_slot, notify_parent=False)
     logger.info("run %s cancelled: %s", child_id, reason)
 
 

@@ -103,8 +103,7 @@ class RunStart:
                 f"workflows started workflows {current_depth()} levels deep in one transaction "
                 f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
             )
-        held = False
-        report: dict[str, bool] = {}
+        held = quiet = False
         flow: dict[str, Any] | None = None
         if reason is None:
             try:
@@ -114,9 +113,10 @@ class RunStart:
             if self.debounce is not None:
                 flow = {**(flow or {}), **self.debounce}
             elif flow is not None:
-                hold = admission.admit_new(workflow, flow, report)
-                if hold is not None:
-                    flow["held"] = admission.held_payload(hold)
+                admitted = admission.admit_new(workflow, flow)
+                quiet = admitted.quiet
+                if admitted.hold is not None:
+                    flow["held"] = admission.held_payload(admitted.hold)
             if flow is not None:
                 started["flow"] = flow
                 held = "held" in flow
@@ -137,7 +137,7 @@ class RunStart:
             # counted as active until its row is written; ending in this
             # segment with nothing parked behind its key meanwhile wakes nobody
             flow_entry=(
-                Pending(flow["scope"], flow["key"], quiet=report.get("quiet", False))
+                Pending(flow["scope"], flow["key"], quiet=quiet)
                 if flow is not None and flow.get("key") and not held
                 else None
             ),

@@ -30,7 +30,7 @@ from kumiflow_django.definition.context import (
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import children, compensation
+from kumiflow_django.engine import admission, children, compensation
 from kumiflow_django.engine.failure import Failure, capped_steps, capped_traceback
 from kumiflow_django.engine.opening import segment_depth as _depth
 from kumiflow_django.flow.admission import Pending
@@ -78,6 +78,8 @@ class Segment:
         self.cancellations: list[Cancellation] = []
         self.had_waits = run is not None and run.branch_waits > 0
         self.was_finished = run is not None and run.status in FINISHED
+        #: Its end frees a slot of its key (a new run's: if it was admitted).
+        self.held_slot = run is None or admission.holds_slot(run)
         #: Set by the runner: a new run admitted in this segment (flow control).
         self.flow_entry: Pending | None = None
 
@@ -132,9 +134,11 @@ class Segment:
         )
         if ended:
             # A new run that ended in its first segment with nothing parked
-            # behind its key meanwhile frees no slot anyone waits for.
+            # behind its key meanwhile frees no slot anyone waits for; a run
+            # parked behind its key held none.
             quiet = self.run.new and self.flow_entry is not None and self.flow_entry.quiet
-            children.ended(row, had_waits=self.had_waits, cancelled=cancelled, release=not quiet)
+            release = self.held_slot and not quiet
+            children.ended(row, had_waits=self.had_waits, cancelled=cancelled, release=release)
         elif last is not None and last.type == ev.COMPENSATION_STARTED:
             children.after_end(row, cancelled=cancelled)
         if any(d.saved.status == DispatchStatus.PENDING for d in self.dispatches):

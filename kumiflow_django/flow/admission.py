@@ -53,6 +53,17 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """What :func:`admit` decided: admitted (``hold`` None) or held, and why."""
+
+    hold: Hold | None
+    #: Admitted with nothing parked behind its key: an item that also ends in
+    #: this transaction (which holds the key's lock until it commits) need not
+    #: wake anything.
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
 class Concurrency:
     scope: str
     key: str
@@ -79,6 +90,10 @@ class Gate(Protocol):
     def active(self, scope: str, key: str) -> int: ...
 
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]: ...
+
+    def woken(self, scope: str, key: str) -> int:
+        """Items woken and not admitted yet: a slot is theirs (only the sweep asks)."""
+        ...
 
 
 @dataclass
@@ -165,10 +180,9 @@ def lock_key(kind: str, scope: str, key: str) -> tuple[FlowKey, bool]:
     """The key's row, locked until the transaction ends, and whether it is new.
 
     A new row means nothing of the key is active: every active run (or
-    running attempt) has its key's row, created by its admission (or by
-    ``retry_run``) in the same transaction, and rows are deleted only when
-    their key has nothing active or parked, under this lock. So a new key
-    admits without counting: one statement for a per-run key."""
+    running attempt) has its key's row (the invariant, written in
+    :func:`kumiflow_django.flow.gates.unkeyed`). So a new key admits without
+    counting: one statement for a per-run key."""
     for _ in range(5):
         now = clock.now()
         values = {"kind": kind, "scope": scope, "key": key, "held": 0, "created_at": now}
@@ -217,16 +231,12 @@ def admit(
     *,
     new: bool,
     now: datetime | None = None,
-    report: dict[str, bool] | None = None,
-) -> Hold | None:
-    """None if the item may become active now (the caller makes it so in this
+) -> Admission:
+    """Whether the item may become active now (the caller makes it so in this
     transaction); else why not, and until when.
 
     ``new``: the item was never parked (a start, a first attempt): it queues
-    behind the key's parked items instead of overtaking them. ``report["quiet"]``
-    tells an admitted item that nothing is parked behind its key: an item that
-    also ends in this transaction (which holds the key's lock until it commits)
-    need not wake anything.
+    behind the key's parked items instead of overtaking them.
     """
     now = now or clock.now()
     flow_key: FlowKey | None = None
@@ -246,14 +256,15 @@ def admit(
             flow_key.held += 1
             _save_held(gate.kind, flow_key, held_before)
             _parked_behind(concurrency.scope, concurrency.key)
-            return Hold(
-                CONCURRENCY,
-                None,
-                f"{concurrency.scope} key {concurrency.key!r}: {limit} active (the limit)",
+            return Admission(
+                Hold(
+                    CONCURRENCY,
+                    None,
+                    f"{concurrency.scope} key {concurrency.key!r}: {limit} active (the limit)",
+                )
             )
         _save_held(gate.kind, flow_key, held_before)
-    if report is not None:
-        report["quiet"] = flow_key is None or not flow_key.held
+    quiet = flow_key is None or not flow_key.held
     if rate is not None:
         limit = rate_limit(rate.scope, rate.limit)
         window = window_of(now, rate.period)
@@ -263,10 +274,12 @@ def admit(
         if bucket.count >= limit:
             bucket.save(update_fields=["window_start", "count"])
             until = window + rate.period
-            return Hold(RATE, until, f"{rate.scope} key {rate.key!r}: {limit} per window")
+            return Admission(
+                Hold(RATE, until, f"{rate.scope} key {rate.key!r}: {limit} per window")
+            )
         bucket.count += 1
         bucket.save(update_fields=["window_start", "count"])
-    return None
+    return Admission(None, quiet=quiet)
 
 
 def _save_held(kind: str, flow_key: FlowKey, before: int) -> None:
@@ -276,17 +289,26 @@ def _save_held(kind: str, flow_key: FlowKey, before: int) -> None:
         )
 
 
-def release(gate: Gate, concurrency: Concurrency) -> int:
+def release(gate: Gate, concurrency: Concurrency, *, recheck: bool = False) -> int:
     """An item of the key stopped being active (in this transaction): wake as
-    many parked items as there are free slots. Returns how many were woken."""
-    flow_key = for_update(
-        FlowKey.objects.filter(kind=gate.kind, scope=concurrency.scope, key=concurrency.key)
-    ).first()
-    if flow_key is None or not flow_key.held:
+    many parked items as there are free slots. Returns how many were woken.
+
+    ``recheck``: the sweep's look at a key with parked items, whatever its row
+    says (a count of parked items that is too low, a row that is missing)."""
+    flow_key: FlowKey | None
+    if recheck:
+        flow_key, _ = lock_key(gate.kind, concurrency.scope, concurrency.key)
+    else:
+        flow_key = for_update(
+            FlowKey.objects.filter(kind=gate.kind, scope=concurrency.scope, key=concurrency.key)
+        ).first()
+    if flow_key is None or not (flow_key.held or recheck):
         return 0
     free = max_active(concurrency.scope, concurrency.max) - gate.active(
         concurrency.scope, concurrency.key
     )
+    if recheck:
+        free -= gate.woken(concurrency.scope, concurrency.key)
     if free <= 0:
         return 0
     before = flow_key.held

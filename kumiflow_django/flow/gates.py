@@ -5,8 +5,13 @@ sleeping, retrying: "started and not finished"); a queued run is parked
 (``held_by="concurrency"`` and no wake time) until a slot frees. A task
 attempt is active while it runs; a parked attempt has no next attempt time.
 Waking sets the wake time to now, in order of priority, then of arrival
-(the start, then the log's position at the start: starts in one instant);
-rows another transaction holds are skipped (it is deciding about them).
+(the start, then the log's position at the start: starts in one instant).
+A parked run another transaction holds is waited for when it is next in
+line: an operator's check, a worker's read or a cancellation may hold it,
+and none of them takes the key afterwards (a parked run's end frees no slot,
+:func:`kumiflow_django.engine.admission.holds_slot`). A parked attempt is
+only ever held by what ends it (a cancellation, which then takes its key):
+it is skipped.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from kumiflow_django.definition.durations import parse_duration
 from kumiflow_django.flow.admission import (
@@ -28,6 +33,7 @@ from kumiflow_django.flow.admission import (
     release,
     window_of,
 )
+from kumiflow_django.flow.models import FlowKey
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.store import clock
@@ -47,12 +53,22 @@ ACTIVE = (
 class Runs:
     kind = "run"
 
+    def active_rows(self) -> QuerySet[WorkflowRun, WorkflowRun]:
+        return WorkflowRun.objects.filter(status__in=ACTIVE)
+
     def active(self, scope: str, key: str) -> int:
         """Active rows, and runs admitted in this transaction not written yet."""
-        written: int = WorkflowRun.objects.filter(
-            flow_scope=scope, flow_key=key, status__in=ACTIVE
-        ).count()
+        written = self.active_rows().filter(flow_scope=scope, flow_key=key).count()
         return written + pending_count(scope, key)
+
+    def woken(self, scope: str, key: str) -> int:
+        return WorkflowRun.objects.filter(
+            flow_scope=scope,
+            flow_key=key,
+            status=RunStatus.QUEUED,
+            held_by=CONCURRENCY,
+            wake_at__isnull=False,
+        ).count()
 
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
         parked = WorkflowRun.objects.filter(
@@ -62,7 +78,9 @@ class Runs:
             held_by=CONCURRENCY,
             wake_at__isnull=True,
         )
-        ids, everyone = _lock_first(parked, ("-priority", "started_at", "since_position"), n)
+        ids, everyone = _lock_first(
+            parked, ("-priority", "started_at", "since_position"), n, wait=True
+        )
         if ids:
             now = clock.now()
             WorkflowRun.objects.filter(pk__in=ids).update(wake_at=now)
@@ -73,9 +91,19 @@ class Runs:
 class Tasks:
     kind = "task"
 
+    def active_rows(self) -> QuerySet[StepTask, StepTask]:
+        return StepTask.objects.filter(status=TaskStatus.RUNNING)
+
     def active(self, scope: str, key: str) -> int:
+        return self.active_rows().filter(flow_scope=scope, flow_key=key).count()
+
+    def woken(self, scope: str, key: str) -> int:
         return StepTask.objects.filter(
-            flow_scope=scope, flow_key=key, status=TaskStatus.RUNNING
+            flow_scope=scope,
+            flow_key=key,
+            status=TaskStatus.PENDING,
+            held_by=CONCURRENCY,
+            next_attempt_at__isnull=False,
         ).count()
 
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
@@ -86,7 +114,7 @@ class Tasks:
             held_by=CONCURRENCY,
             next_attempt_at__isnull=True,
         )
-        ids, everyone = _lock_first(parked, ("-priority", "created_at"), n)
+        ids, everyone = _lock_first(parked, ("-priority", "created_at"), n, wait=False)
         if ids:
             now = clock.now()
             # held_by stays: a woken attempt takes a free slot without queueing again.
@@ -98,27 +126,40 @@ class Tasks:
 
 
 def _lock_first(
-    parked: QuerySet[Any, Any], order: tuple[str, ...], n: int
+    parked: QuerySet[Any, Any], order: tuple[str, ...], n: int, *, wait: bool
 ) -> tuple[list[Any], bool]:
     """The first ``n`` parked rows in ``order``, locked, and whether they were all
-    the parked rows there are; rows another transaction holds are skipped (it
-    is deciding about them).
+    the parked rows there are.
 
     Found without a lock, then locked by primary key: a locking read through a
     secondary index locks every entry it passes on MariaDB, and waits for them
-    even with SKIP LOCKED (two wakers deadlocked over the due index)."""
+    even with SKIP LOCKED (two wakers deadlocked over the due index). Rows
+    another transaction holds are skipped in one statement; with ``wait``, one
+    that is next in line is then waited for, alone by its primary key: a
+    skipped row nobody wakes later stays parked for good (the key's last
+    release skipped its last parked run while a worker's read held it)."""
     ids = list(parked.order_by(*order).values_list("pk", flat=True)[: n + WAKE_SLACK])
     if not ids:
         return [], True
-    model = parked.model
-    locked = list(
-        for_update(model._default_manager.filter(pk__in=ids), skip_locked=True).values_list(
-            "pk", flat=True
-        )
+    manager = parked.model._default_manager
+    free = set(
+        for_update(manager.filter(pk__in=ids), skip_locked=True).values_list("pk", flat=True)
     )
     # Locked now: still parked? (read again without a lock: it cannot change under us)
-    still = set(parked.filter(pk__in=locked).values_list("pk", flat=True))
-    chosen = [pk for pk in ids if pk in still][:n]
+    still = set(parked.filter(pk__in=free).values_list("pk", flat=True))
+    chosen: list[Any] = []
+    for pk in ids:
+        if len(chosen) == n:
+            break
+        if pk in free:
+            parked_still = pk in still
+        elif wait:  # waits for its holder; it may have ended it, or not
+            locked = for_update(manager.filter(pk=pk)).values_list("pk", flat=True)
+            parked_still = bool(locked) and parked.filter(pk=pk).exists()
+        else:
+            parked_still = False
+        if parked_still:
+            chosen.append(pk)
     # Every parked row was read, and none was skipped: nothing stays parked.
     return chosen, len(ids) < n + WAKE_SLACK and len(chosen) == len(ids)
 
@@ -129,6 +170,21 @@ WAKE_SLACK = 8
 
 RUNS = Runs()
 TASKS = Tasks()
+
+
+def unkeyed(gate: Runs | Tasks) -> list[tuple[str, str]]:
+    """The invariant the count under a key's lock relies on, written once:
+    every active limited item has its key's row (created by its admission,
+    or by :func:`~kumiflow_django.flow.admission.lock_key` wherever an item
+    becomes active otherwise, as ``retry_run`` does; deleted only when the
+    key has nothing active or parked). A key without its row is taken for a
+    new one, and admits without counting. Returns the (scope, key) of the
+    active items that break it: none, unless something wrote around it."""
+    keyed = FlowKey.objects.filter(
+        kind=gate.kind, scope=OuterRef("flow_scope"), key=OuterRef("flow_key")
+    )
+    broken = gate.active_rows().exclude(flow_key="").filter(~Exists(keyed))
+    return sorted(set(broken.values_list("flow_scope", "flow_key")))
 
 
 def task_limits(task: StepTask) -> tuple[Concurrency | None, RateSpec | None]:
@@ -150,7 +206,7 @@ def admit_task(task: StepTask, now: datetime) -> bool:
     concurrency, rate = task_limits(task)
     if concurrency is None and rate is None:
         return True
-    hold = admit(TASKS, concurrency, rate, new=task.held_by != CONCURRENCY, now=now)
+    hold = admit(TASKS, concurrency, rate, new=task.held_by != CONCURRENCY, now=now).hold
     if hold is None:
         if task.held_by:  # operational, like the parking: not an event
             StepTask.objects.filter(pk=task.id).update(held_by="")

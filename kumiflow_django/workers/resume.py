@@ -10,6 +10,9 @@ commits. A lease left behind means the worker died in the middle of the
 segment (its transaction was rolled back): once the lease has expired,
 another worker resumes the run and records the recovery in the run's
 stream, where the admin shows it.
+
+Every :data:`STRANDED_SWEEP_SECONDS` a pass also looks for parked runs whose
+key has a free slot (a lost wake: :class:`~kumiflow_django.engine.admission.StrandedSweep`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -28,6 +32,7 @@ from django.db.models.functions import RowNumber
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.durations import isoformat
+from kumiflow_django.engine.admission import StrandedSweep
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.projections.claims import claim, unclaimed
 from kumiflow_django.projections.runs import WorkflowRun
@@ -58,6 +63,9 @@ class Claimed(NamedTuple):
     version: int
     recovered: Recovered | None
 
+
+#: Seconds between two looks for parked runs nobody would wake (the first pass looks).
+STRANDED_SWEEP_SECONDS = 30.0
 
 #: Runs leased per statement: few enough that a lease does not run out while
 #: its run waits for the ones before it.
@@ -141,6 +149,23 @@ class ResumeLoop(Loop):
         self.worker_id = worker_id or default_worker_id()
         self.threads = threads or settings.RESUME_THREADS
         self._pool: ThreadPoolExecutor | None = None
+        self._stranded = StrandedSweep()
+        self._next_sweep = float("-inf")
+
+    def sweep_stranded(self) -> int:
+        """Wake parked runs whose key has a free slot, at most every
+        :data:`STRANDED_SWEEP_SECONDS`. A database that is away fails the pass,
+        as the due query would; anything else is logged and the resumes go on."""
+        if time.monotonic() < self._next_sweep:
+            return 0
+        self._next_sweep = time.monotonic() + STRANDED_SWEEP_SECONDS
+        try:
+            return self._stranded()
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            logger.exception("resume: looking for stranded parked runs failed; tried again later")
+            return 0
 
     def _parallel(self) -> bool:
         # SQLite lets one writer in at a time: threads would only queue for it.
@@ -197,6 +222,7 @@ class ResumeLoop(Loop):
         The first chunk is leased and resumed here: only when there are more
         does the pool start (a poll that finds little to do opens no
         connections); its threads then take the next chunks in order."""
+        self.sweep_stranded()  # what it wakes is due in this pass
         now = clock.now()
         due = due_runs(now, self.batch_size, free=True)
         chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
