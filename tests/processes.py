@@ -41,7 +41,16 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byt
     )
     log.close()
     proc.log_path = log.name  # type: ignore[attr-defined]
+    proc.ready = READY.get(args[0]) if args else None  # type: ignore[attr-defined]
     return proc
+
+
+#: What a command prints once its signal handlers are in place: a SIGTERM
+#: before that line kills the process (-15) instead of stopping it.
+READY = dict.fromkeys(
+    ("kumiflow_worker", "kumiflow_tasks", "kumiflow_resume", "kumiflow_cron", "kumiflow_dispatch"),
+    "loop started",
+)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -54,7 +63,11 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30) -> list[int]:
-    """SIGTERM each process and return the exit codes."""
+    """SIGTERM each process (once it is ready for it) and return the exit codes."""
+    for proc in procs:
+        ready: str | None = getattr(proc, "ready", None)
+        if ready:
+            wait_for(_printed(proc, ready), 60, f"{ready!r}")
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -66,6 +79,11 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30) -> list[int]
             proc.kill()
             codes.append(-9)
     return codes
+
+
+def _printed(proc: subprocess.Popen[bytes], line: str) -> Callable[[], bool]:
+    """Whether ``proc`` printed ``line`` (or ended)."""
+    return lambda: proc.poll() is not None or line in output(proc)
 
 
 def output(proc: subprocess.Popen[bytes]) -> str:
