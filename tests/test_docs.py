@@ -8,9 +8,11 @@ run here (a long-running process, an install) is preceded by
 must parse. ``text`` blocks are signatures and output.
 
 Pages whose top says ``<!-- project: newcomer -->`` (the installation, the
-tutorial and the pages built on the tutorial's models) assume a project of
-the reader's own, and are skipped here. No page's code may import the
-testproject or name its models: a reader does not have them.
+tutorials and the pages built on the tutorial's models) assume a project of
+the reader's own: scripts/newcomer.py runs them in one made with
+``startproject`` from the built wheel (CI), and here only their markers are
+checked. No page's code may import the testproject or name its models: a
+reader does not have them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import importlib
 import json
 import re
 import shlex
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -116,6 +119,19 @@ def test_no_code_block_needs_the_testproject(page):
     for match in blocks(page):
         found = TESTPROJECT_ONLY.search(match["code"])
         assert not found, f"{page.name}: a block uses {found[0]!r}, which only the testproject has"
+
+
+def test_every_block_of_the_newcomer_pages_says_how_it_runs():
+    newcomer = subprocess.run(
+        [sys.executable, str(DOCS.parent / "scripts" / "newcomer.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert newcomer.returncode == 0, newcomer.stderr
+    listed = newcomer.stdout.removeprefix("newcomer: ").strip().split(", ")
+    assert sorted(listed) == sorted(str(p.relative_to(DOCS)) for p in PAGES if is_newcomer_page(p))
+    assert listed[:2] == ["installation.md", "tutorial.md"]  # in the navigation's order
 
 
 @pytest.mark.django_db(databases=["default", "workflows"])

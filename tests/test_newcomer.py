@@ -1,0 +1,123 @@
+"""scripts/newcomer.py, CI's newcomer step, fails when a docs block breaks.
+
+The slow tests run the step (with this interpreter instead of a fresh venv
+from the wheel, which CI does) on a copy of the docs with one line broken,
+and expect a non-zero exit naming the page and the block.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "newcomer.py"
+
+
+def load_newcomer():
+    spec = importlib.util.spec_from_file_location("newcomer", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def docs_copy(tmp_path: Path, page: str, old: str, new: str) -> Path:
+    """A copy of docs/ (and mkdocs.yml, for the order) with ``old`` replaced in ``page``."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    path = tmp_path / "docs" / page
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} is not once in {page}"
+    path.write_text(text.replace(old, new))
+    return tmp_path / "docs"
+
+
+def newcomer(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_the_docs_markers_are_all_known():
+    done = newcomer("--check")
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_unknown_marker_fails_naming_the_page_and_block(tmp_path):
+    docs = docs_copy(
+        tmp_path,
+        "tutorial.md",
+        "<!-- newcomer: file customers/views.py -->",
+        "<!-- newcomer: fiel customers/views.py -->",
+    )
+    done = newcomer("--check", "--docs", docs)
+    assert done.returncode == 1
+    assert "tutorial.md: block 5 (line" in done.stderr
+    assert "unknown marker 'newcomer: fiel customers/views.py'" in done.stderr
+
+
+def test_a_settings_block_that_repeats_startproject_is_refused(tmp_path):
+    """The installation page once repeated the MAILERS that Django 6.1's
+    startproject writes: pasting it changes nothing."""
+    newcomer_module = load_newcomer()
+    subprocess.run(
+        [str(Path(sys.executable).parent / "django-admin"), "startproject", "shop"],
+        cwd=tmp_path,
+        check=True,
+    )
+    settings_py = (tmp_path / "shop" / "shop" / "settings.py").read_text()
+    old_block = (
+        "import django\n\nif django.VERSION >= (6, 1):\n"
+        '    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}\n'
+        "else:\n"
+        '    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"\n'
+    )
+    block = newcomer_module.Block(
+        Path("installation.md"), 4, 38, "python", old_block, "newcomer", "settings"
+    )
+    if "MAILERS" in settings_py:  # Django 6.1 and later
+        with pytest.raises(newcomer_module.Failed, match="sets MAILERS to what startproject"):
+            newcomer_module._refuse_repeats(settings_py, block)
+    changed = newcomer_module.Block(
+        Path("installation.md"), 3, 28, "python", 'DEFAULT_FROM_EMAIL = "a@b.c"\n', "", ""
+    )
+    newcomer_module._refuse_repeats(settings_py, changed)  # a new name: fine
+
+
+@pytest.mark.slow
+def test_a_broken_line_in_the_tutorial_fails_the_step(tmp_path):
+    docs = docs_copy(
+        tmp_path,
+        "tutorial.md",
+        'sign_up("ada", "ada@example.com")',
+        'sign_up("ada")  # a broken line',
+    )
+    done = newcomer("--here", "--docs", docs)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "newcomer: FAILED: " in done.stderr
+    assert "tutorial.md: block 7 (line" in done.stderr  # the "Try it" block
+    assert "TypeError: sign_up() missing 1 required positional argument" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_database_relative_to_the_current_folder_fails_the_step(tmp_path):
+    """The installation page once had ``"NAME": "db.sqlite3"``: a process
+    started in another folder opens another, empty database."""
+    docs = docs_copy(
+        tmp_path, "installation.md", '"NAME": BASE_DIR / "db.sqlite3",', '"NAME": "db.sqlite3",'
+    )
+    done = newcomer("--here", "--docs", docs)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "tutorial.md: block 7 (line" in done.stderr  # the first block run from elsewhere
+    assert "no such table" in done.stderr
