@@ -220,16 +220,16 @@ class Project:
     def worker(self, block: Block) -> None:
         for line in block.code.splitlines():
             if line.split("#", 1)[0].strip():
-                log = (self.logs / f"worker-{len(self.workers) + 1}.log").open("wb")
-                self.workers.append(
-                    subprocess.Popen(
-                        self.manage(line, block.where),
-                        cwd=self.dir,
-                        env=self.env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
+                with (self.logs / f"worker-{len(self.workers) + 1}.log").open("wb") as log:
+                    self.workers.append(
+                        subprocess.Popen(
+                            self.manage(line, block.where),
+                            cwd=self.dir,
+                            env=self.env,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                        )
                     )
-                )
 
     def kill_worker(self, block: Block) -> None:
         running = [w for w in self.workers if w.poll() is None]
@@ -240,15 +240,16 @@ class Project:
 
     def run_in_shell(self, block: Block) -> None:
         if self.shell is None:
-            self.shell = subprocess.Popen(
-                [str(self.python), "-c", SHELL],
-                cwd=self.folder,  # not the project: a path relative to the current folder shows
-                env={**self.env, "PYTHONPATH": str(self.dir)},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=(self.logs / f"shell-{block.page.stem}.log").open("a"),
-                text=True,
-            )
+            with (self.logs / f"shell-{block.page.stem}.log").open("a") as log:
+                self.shell = subprocess.Popen(
+                    [str(self.python), "-c", SHELL],
+                    cwd=self.folder,  # not the project: a relative path shows
+                    env={**self.env, "PYTHONPATH": str(self.dir)},
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                )
         shell = self.shell
         assert shell.stdin and shell.stdout
         timer = threading.Timer(BLOCK_SECONDS, shell.kill)
@@ -325,7 +326,7 @@ def go_through(project: Project, pages: list[Path]) -> None:
                 project.worker(block)
             elif action == "kill worker":
                 project.kill_worker(block)
-        project.end_shell()
+        project.stop()  # what a page started ends with it
 
 
 def install(folder: Path, here: bool) -> Path:

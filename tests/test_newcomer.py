@@ -121,3 +121,23 @@ def test_a_database_relative_to_the_current_folder_fails_the_step(tmp_path):
     assert done.returncode == 1, done.stdout[-2000:]
     assert "tutorial.md: block 7 (line" in done.stderr  # the first block run from elsewhere
     assert "no such table" in done.stderr
+
+
+def test_writing_code_while_a_worker_runs_is_refused(tmp_path):
+    """A worker keeps the code it started with: a page that changes a file
+    under a running worker must stop and start it again."""
+    newcomer_module = load_newcomer()
+    project = newcomer_module.Project(tmp_path, Path(sys.executable))
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        project.workers.append(running)
+        block = newcomer_module.Block(
+            Path("tutorial-checkout.md"), 6, 130, "python", "X = 1\n", "newcomer", "file a.py"
+        )
+        with pytest.raises(newcomer_module.Failed, match="while a worker runs"):
+            project.file(block)
+    finally:
+        running.kill()
+        running.wait()
+    project.file(block)  # no worker: written
+    assert (tmp_path / newcomer_module.PROJECT / "a.py").read_text() == "X = 1\n"
