@@ -29,7 +29,7 @@ relative to the current folder shows up.
 
     python scripts/newcomer.py                 # what CI runs
     python scripts/newcomer.py --here          # this interpreter, no wheel (quicker)
-    python scripts/newcomer.py --docs DIR --keep
+    python scripts/newcomer.py --docs DIR --keep --pages installation.md,tutorial.md
 """
 
 from __future__ import annotations
@@ -355,8 +355,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--here", action="store_true", help="use this interpreter, no wheel")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--check", action="store_true", help="only check the markers")
+    parser.add_argument(
+        "--pages",
+        help="only these of the pages, comma-separated (e.g. installation.md,tutorial.md)",
+    )
     args = parser.parse_args(argv)
     pages = newcomer_pages(args.docs.resolve())
+    if args.pages:
+        wanted = [args.docs.resolve() / name for name in args.pages.split(",")]
+        unknown = [str(p) for p in wanted if p not in pages]
+        if unknown:
+            print(f"newcomer: not newcomer pages: {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        pages = [p for p in pages if p in wanted]
     try:
         for page in pages:
             for block in blocks(page):

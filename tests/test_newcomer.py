@@ -1,8 +1,9 @@
 """scripts/newcomer.py, CI's newcomer step, fails when a docs block breaks.
 
 The slow tests run the step (with this interpreter instead of a fresh venv
-from the wheel, which CI does) on a copy of the docs with one line broken,
-and expect a non-zero exit naming the page and the block.
+from the wheel, which CI does) on a copy of the docs with one line broken or
+one of the docs' old errors put back, and expect a non-zero exit naming the
+page and the block, and what went wrong.
 """
 
 from __future__ import annotations
@@ -95,32 +96,58 @@ def test_a_settings_block_that_repeats_startproject_is_refused(tmp_path):
     newcomer_module._refuse_repeats(settings_py, changed)  # a new name: fine
 
 
-@pytest.mark.slow
-def test_a_broken_line_in_the_tutorial_fails_the_step(tmp_path):
-    docs = docs_copy(
-        tmp_path,
+#: The docs' old errors, each put back into a copy of its page: the page,
+#: what is put back, the block that must fail, what it says, the pages to run.
+OLD_ERRORS = {
+    "a broken line": (
         "tutorial.md",
-        'sign_up("ada", "ada@example.com")',
-        'sign_up("ada")  # a broken line',
-    )
-    done = newcomer("--here", "--docs", docs)
+        ('sign_up("ada", "ada@example.com")', 'sign_up("ada")  # a broken line'),
+        "tutorial.md: block 7 (line",  # the "Try it" block
+        "TypeError: sign_up() missing 1 required positional argument",
+        "installation.md,tutorial.md",
+    ),
+    # a process started in another folder opens another, empty database
+    "a database relative to the current folder": (
+        "installation.md",
+        ('"NAME": BASE_DIR / "db.sqlite3",', '"NAME": "db.sqlite3",'),
+        "tutorial.md: block 7 (line",  # the first block run from elsewhere
+        "no such table",
+        "installation.md,tutorial.md",
+    ),
+    "an app named like the project": (
+        "tutorial.md",
+        ("python manage.py startapp customers", "python manage.py startapp shop"),
+        "tutorial.md: block 1 (line",
+        "conflicts with the name of an existing Python module",
+        "installation.md,tutorial.md",
+    ),
+    "wake_run not imported": (
+        "tutorial.md",
+        ("from kumiflow_django import wake_run\n", ""),
+        "tutorial.md: block 11 (line",
+        "NameError: name 'wake_run' is not defined",
+        "installation.md,tutorial.md",
+    ),
+    "a Customer without the version that steps/model.md uses": (
+        "tutorial.md",
+        ("    version = models.PositiveIntegerField(default=1)", ""),
+        "model.md: block 1 (line",
+        "KeyError at step 1 (model.update 'c2'): 'version'",
+        "installation.md,tutorial.md,steps/model.md",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("error", list(OLD_ERRORS))
+def test_an_old_error_of_the_docs_fails_the_step(tmp_path, error):
+    page, (old, new), block, message, pages = OLD_ERRORS[error]
+    docs = docs_copy(tmp_path, page, old, new)
+    done = newcomer("--here", "--docs", docs, "--pages", pages)
     assert done.returncode == 1, done.stdout[-2000:]
     assert "newcomer: FAILED: " in done.stderr
-    assert "tutorial.md: block 7 (line" in done.stderr  # the "Try it" block
-    assert "TypeError: sign_up() missing 1 required positional argument" in done.stderr
-
-
-@pytest.mark.slow
-def test_a_database_relative_to_the_current_folder_fails_the_step(tmp_path):
-    """The installation page once had ``"NAME": "db.sqlite3"``: a process
-    started in another folder opens another, empty database."""
-    docs = docs_copy(
-        tmp_path, "installation.md", '"NAME": BASE_DIR / "db.sqlite3",', '"NAME": "db.sqlite3",'
-    )
-    done = newcomer("--here", "--docs", docs)
-    assert done.returncode == 1, done.stdout[-2000:]
-    assert "tutorial.md: block 7 (line" in done.stderr  # the first block run from elsewhere
-    assert "no such table" in done.stderr
+    assert block in done.stderr, done.stderr[-3000:]
+    assert message in done.stderr, done.stderr[-3000:]
 
 
 def test_writing_code_while_a_worker_runs_is_refused(tmp_path):
