@@ -154,3 +154,25 @@ def test_the_http_api_pages_first_token_can_start_a_run(registry, capsys):
         "/api/kumiflow/runs/", {"workflow": "hello"}, content_type="application/json"
     )
     assert response.status_code == 201, response.content
+
+
+def test_the_readme_names_the_setting_its_signed_webhook_needs(registry):
+    """The README's workflow signs a webhook: the README says which setting
+    that needs, and ``manage.py check`` refuses the workflow without it."""
+    from django.test import override_settings
+
+    from kumiflow_django.checks import check_step_settings
+
+    readme = (DOCS.parent / "README.md").read_text()
+    workflow = next(m["code"] for m in FENCE.finditer(readme) if "define_workflow(" in m["code"])
+    # the tutorial's customers.Customer is the testproject's shop.Customer
+    here = workflow.replace('"customers.Customer"', '"shop.Customer"')
+    exec(compile(here, "README.md", "exec"), {})  # noqa: S102 - the README's own code
+    secrets = set(re.findall(r'secret="(\w+)"', workflow))
+    assert secrets, "the README's workflow signs no webhook any more: drop this test"
+    for name in secrets:
+        assert f'KUMIFLOW_WEBHOOK_SECRETS = {{"{name}"' in readme
+    with override_settings(KUMIFLOW_WEBHOOK_SECRETS={}):
+        assert {m.id for m in check_step_settings()} == {"kumiflow.E044"}
+    with override_settings(KUMIFLOW_WEBHOOK_SECRETS=dict.fromkeys(secrets, "s")):
+        assert check_step_settings() == []
