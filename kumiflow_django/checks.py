@@ -6,18 +6,19 @@ W001-W099 warnings.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django.apps import apps
+from django.conf import global_settings
 from django.conf import settings as django_settings
 from django.core import checks
 
 from kumiflow_django.conf import PREFIX, KumiflowSettings, settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.registry import registry
-from kumiflow_django.definition.step import path_text, walk
-from kumiflow_django.definition.workflow import child_cycle
+from kumiflow_django.definition.step import Step, path_text, walk
+from kumiflow_django.definition.workflow import Workflow, child_cycle
 from kumiflow_django.observability import LIBRARIES, available
 from kumiflow_django.store import db
 
@@ -283,25 +284,111 @@ def _check_tasks_backend(alias: str) -> list[checks.CheckMessage]:
     return []
 
 
+def _registered_steps() -> Iterator[tuple[Workflow, list[Any], Step]]:
+    """Every step of every registered workflow version, with its path: what the
+    checks of steps walk (at startup, once the ``workflows.py`` modules are in)."""
+    for workflow in registry.all_versions():
+        for path, step in walk(workflow.steps):
+            yield workflow, list(path), step
+
+
+def _where(workflow: Workflow, path: list[Any], step: Step) -> str:
+    version = f" (version {workflow.version})" if workflow.version else ""
+    named = repr(step.name) if step.name else step.kind
+    return f"Workflow {workflow.name!r}{version}, step {path_text(path)} ({named})"
+
+
+@checks.register()
+def check_step_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    """The settings that webhook and mail steps rely on exist: a missing secret
+    or mailer would otherwise show only as a dead delivery of a completed run."""
+    errors: list[checks.CheckMessage] = []
+    secrets = settings.WEBHOOK_SECRETS if _str_mapping(settings.WEBHOOK_SECRETS) else {}
+    mail_steps: list[tuple[Workflow, list[Any], Step]] = []
+    for workflow, path, step in _registered_steps():
+        if step.kind == "webhook_send":
+            secret = step.args.get("secret")
+            if isinstance(secret, str) and secret not in secrets:
+                errors.append(
+                    checks.Error(
+                        f"{_where(workflow, path, step)} signs with the secret {secret!r}, "
+                        f"which {PREFIX}WEBHOOK_SECRETS does not have.",
+                        hint=f"Add {PREFIX}WEBHOOK_SECRETS = {{{secret!r}: ...}} to the settings "
+                        "(the receiver checks the signature with the same secret).",
+                        id="kumiflow.E044",
+                        obj=workflow.name,
+                    )
+                )
+        elif step.kind == "mail_send":
+            mail_steps.append((workflow, path, step))
+    if not mail_steps:
+        return errors
+    workflow, path, step = mail_steps[0]
+    problem = _mail_backend_problem()
+    if problem:
+        errors.append(
+            checks.Error(
+                f"{_where(workflow, path, step)} sends a mail, but {problem}.",
+                hint="Configure Django's mail: MAILERS['default'] (Django 6.1) or EMAIL_BACKEND.",
+                id="kumiflow.E045",
+                obj=workflow.name,
+            )
+        )
+    if django_settings.DEFAULT_FROM_EMAIL == global_settings.DEFAULT_FROM_EMAIL:
+        for workflow, path, step in mail_steps:
+            if step.args.get("from_") is None:
+                errors.append(
+                    checks.Warning(
+                        f"{_where(workflow, path, step)} sends a mail without from_, and "
+                        "DEFAULT_FROM_EMAIL is not set: it would go out from "
+                        f"{django_settings.DEFAULT_FROM_EMAIL!r}.",
+                        hint="Set DEFAULT_FROM_EMAIL, or give the step a from_.",
+                        id="kumiflow.W004",
+                        obj=workflow.name,
+                    )
+                )
+                break
+    return errors
+
+
+def _mail_backend_problem() -> str | None:
+    """Why Django cannot make the default mail connection, or None."""
+    from django.utils.module_loading import import_string
+
+    if hasattr(django_settings, "MAILERS"):  # Django 6.1
+        mailers = django_settings.MAILERS
+        if not isinstance(mailers, Mapping) or "default" not in mailers:
+            return "MAILERS has no 'default' mailer"
+        backend = (mailers["default"] or {}).get(
+            "BACKEND", "django.core.mail.backends.smtp.EmailBackend"
+        )
+        where = "MAILERS['default']['BACKEND']"
+    else:
+        backend, where = django_settings.EMAIL_BACKEND, "EMAIL_BACKEND"
+    try:
+        import_string(backend)
+    except ImportError as exc:
+        return f"{where} ({backend!r}) cannot be imported ({exc})"
+    return None
+
+
 @checks.register()
 def check_task_backends(**kwargs: Any) -> list[checks.CheckMessage]:
     """Every task step whose function is a Django ``Task`` names a configured backend."""
     configured = set(getattr(django_settings, "TASKS", None) or {"default": None})
     errors: list[checks.CheckMessage] = []
-    for workflow in registry.all_versions():
-        for path, step in walk(workflow.steps):
-            backend = getattr(step.args.get("fn"), "backend", None) if step.kind == "task" else None
-            if isinstance(backend, str) and backend not in configured:
-                errors.append(
-                    checks.Error(
-                        f"Workflow {workflow.name!r}, step {path_text(list(path))} "
-                        f"({step.name!r}): its task names the backend {backend!r}, "
-                        "which is not an alias of TASKS.",
-                        hint=f"Add {backend!r} to TASKS or use a task of a configured backend.",
-                        id="kumiflow.E042",
-                        obj=workflow.name,
-                    )
+    for workflow, path, step in _registered_steps():
+        backend = getattr(step.args.get("fn"), "backend", None) if step.kind == "task" else None
+        if isinstance(backend, str) and backend not in configured:
+            errors.append(
+                checks.Error(
+                    f"{_where(workflow, path, step)}: its task names the backend {backend!r}, "
+                    "which is not an alias of TASKS.",
+                    hint=f"Add {backend!r} to TASKS or use a task of a configured backend.",
+                    id="kumiflow.E042",
+                    obj=workflow.name,
                 )
+            )
     return errors
 
 
@@ -404,25 +491,24 @@ def check_model_labels(**kwargs: Any) -> list[checks.CheckMessage]:
     defined only if the app registry is ready then, which it is not while
     ``workflows.py`` modules are imported.)"""
     errors: list[checks.CheckMessage] = []
-    for workflow in registry.all_versions():
-        for path, step in walk(workflow.steps):
-            label = step.args.get("model") if step.kind.startswith(MODEL_STEP_PREFIXES) else None
-            if not isinstance(label, str):
-                continue
-            try:
-                if label.count(".") != 1:
-                    raise LookupError("it is not of the form 'app_label.ModelName'")
-                apps.get_model(label)
-            except LookupError as exc:
-                version = f" (version {workflow.version})" if workflow.version else ""
-                errors.append(
-                    checks.Error(
-                        f"Workflow {workflow.name!r}{version}, step {path_text(path)} "
-                        f"({step.kind}): {label!r} is not an installed model ({exc}).",
-                        hint="Use 'app_label.ModelName' of an app in INSTALLED_APPS "
-                        "(the app label is the last part of the app's name by default).",
-                        id="kumiflow.E100",
-                        obj=workflow.name,
-                    )
+    for workflow, path, step in _registered_steps():
+        label = step.args.get("model") if step.kind.startswith(MODEL_STEP_PREFIXES) else None
+        if not isinstance(label, str):
+            continue
+        try:
+            if label.count(".") != 1:
+                raise LookupError("it is not of the form 'app_label.ModelName'")
+            apps.get_model(label)
+        except LookupError as exc:
+            version = f" (version {workflow.version})" if workflow.version else ""
+            errors.append(
+                checks.Error(
+                    f"Workflow {workflow.name!r}{version}, step {path_text(path)} "
+                    f"({step.kind}): {label!r} is not an installed model ({exc}).",
+                    hint="Use 'app_label.ModelName' of an app in INSTALLED_APPS "
+                    "(the app label is the last part of the app's name by default).",
+                    id="kumiflow.E100",
+                    obj=workflow.name,
                 )
+            )
     return errors

@@ -140,3 +140,46 @@ def test_the_tests_hash_passwords_fast_and_the_testproject_for_real(admin_user):
     assert get_hasher().algorithm == "md5"
     assert admin_user.password.startswith("md5$")
     assert not hasattr(testproject.settings, "PASSWORD_HASHERS")
+
+
+# -- settings that steps reference -------------------------------------------
+
+
+def _step_checks():
+    from kumiflow_django.checks import check_step_settings
+
+    return [(m.id, m.obj) for m in check_step_settings()]
+
+
+def test_a_webhook_signed_with_a_missing_secret_is_an_error(registry):
+    from kumiflow_django import define_workflow
+    from kumiflow_django import steps as s
+
+    define_workflow("crm", steps=[s.webhook_send("https://crm.example.com", secret="crm")])
+    with override_settings(KUMIFLOW_WEBHOOK_SECRETS={"crm": "a-secret"}):
+        assert _step_checks() == []
+    with override_settings(KUMIFLOW_WEBHOOK_SECRETS={"other": "a-secret"}):
+        assert _step_checks() == [("kumiflow.E044", "crm")]
+
+
+def test_a_mail_step_without_a_default_mailer_is_an_error(registry):
+    from kumiflow_django import define_workflow
+    from kumiflow_django import steps as s
+
+    define_workflow("welcome", steps=[s.mail_send("a@example.com", "Hi", "Hello.")])
+    assert _step_checks() == []
+    console = "django.core.mail.backends.console.EmailBackend"
+    with override_settings(MAILERS={"bulk": {"BACKEND": console}}):
+        assert _step_checks() == [("kumiflow.E045", "welcome")]
+    with override_settings(MAILERS={"default": {"BACKEND": "no.such.Backend"}}):
+        assert _step_checks() == [("kumiflow.E045", "welcome")]
+
+
+def test_a_mail_step_without_a_sender_is_a_warning_when_none_is_set(registry, settings):
+    from kumiflow_django import define_workflow
+    from kumiflow_django import steps as s
+
+    define_workflow("welcome", steps=[s.mail_send("a@example.com", "Hi", "Hello.")])
+    define_workflow("signed", steps=[s.mail_send("a@example.com", "Hi", "Hi.", from_="x@y.z")])
+    settings.DEFAULT_FROM_EMAIL = "webmaster@localhost"  # Django's own default
+    assert _step_checks() == [("kumiflow.W004", "welcome")]
