@@ -155,6 +155,19 @@ for line in sys.stdin:
 """
 
 
+#: Cancels the pending webhooks to hosts other than this machine (see
+#: ``Project.keep_outbox_local``), through the public ``cancel_dispatch``.
+KEEP_LOCAL = """
+from urllib.parse import urlsplit
+from kumiflow_django import cancel_dispatch
+from kumiflow_django.models import Dispatch
+local = {"127.0.0.1", "localhost", "::1"}
+for d in Dispatch.objects.filter(kind="webhook", status__in=["pending", "failed"]):
+    if urlsplit(str(d.request.get("url", ""))).hostname not in local:
+        cancel_dispatch(d.id, reason="the newcomer step's machine has no network", by="newcomer")
+"""
+
+
 class Project:
     def __init__(self, folder: Path, python: Path) -> None:
         self.folder = folder  # the folder the project was made in
@@ -218,6 +231,7 @@ class Project:
                 self.run(self.manage(line, block.where), block.where)
 
     def worker(self, block: Block) -> None:
+        self.keep_outbox_local(block.where)
         for line in block.code.splitlines():
             if line.split("#", 1)[0].strip():
                 with (self.logs / f"worker-{len(self.workers) + 1}.log").open("wb") as log:
@@ -230,6 +244,12 @@ class Project:
                             stderr=subprocess.STDOUT,
                         )
                     )
+
+    def keep_outbox_local(self, where: str) -> None:
+        """This machine reaches no network: before a worker delivers the outbox,
+        cancel the pages' webhooks to hosts that are not this machine (the
+        tutorial's CRM example), so that nothing tries to resolve or reach them."""
+        self.run([str(self.python), "manage.py", "shell", "-c", KEEP_LOCAL], where)
 
     def kill_worker(self, block: Block) -> None:
         running = [w for w in self.workers if w.poll() is None]
