@@ -52,6 +52,11 @@ def lock_runs(
             WorkflowRun.objects.filter(pk__in=list(group)).order_by("pk"),
             skip_locked=skip_locked and group <= wanted,
         )
+        if group.isdisjoint(wanted):
+            # Parents only: locked, not read (a parent of a thousand children
+            # would be read once per child, its whole state with it).
+            list(rows.values_list("pk", flat=True))
+            continue
         locked += [run for run in rows if run.pk in wanted]
     return locked
 
