@@ -34,6 +34,7 @@ from django.db.models import Max, QuerySet
 
 from kumiflow_django.definition.context import Cancellation, ChildRequest, TriggerEvent
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import admission
 from kumiflow_django.engine.run_start import ParentLink, RunStart
 from kumiflow_django.flow import gates
@@ -90,6 +91,7 @@ def started(
     since = Event.objects.aggregate(m=Max("position"))["m"] or 0
     depth = (parent.depth or 0) + 1
     due: datetime | None = None
+    remembered: set[str] = set()
     for request in requests:
         workflow = None
         if registry.is_registered(request.workflow):
@@ -141,6 +143,9 @@ def started(
             parent=link,
             run_id=request.id,
         )
+        if workflow.fingerprint not in remembered:  # the definition it starts on, once
+            remember(workflow)
+            remembered.add(workflow.fingerprint)
         token = _inline_parents.set(_inline_parents.get() | {parent.id})
         try:
             child = start(child_start)

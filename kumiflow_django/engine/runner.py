@@ -27,7 +27,6 @@ from datetime import timedelta
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import WakeReason
 from kumiflow_django.definition.durations import isoformat
-from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import compensation, observed
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, keyed_run
@@ -123,8 +122,9 @@ def start(run_start: RunStart) -> WorkflowRun | None:
     """Start a run (see :mod:`kumiflow_django.engine.run_start`): every start,
     a trigger's, a call's, cron's or a child step's, goes through here. In a
     savepoint of the caller's transaction; returns the run as its start left
-    it (or the keyed run that existed already)."""
-    remember(run_start.workflow)  # the definition the run starts on, for the console
+    it (or the keyed run that existed already). The caller has remembered
+    the definition it starts on (``snapshots.remember``, once per definition
+    and transaction: a fan-out of a thousand children stores it once)."""
     return execute(run_start.prepare)
 
 

@@ -16,6 +16,7 @@ from kumiflow_django.definition.context import Trigger, TriggerEvent
 from kumiflow_django.definition.durations import isoformat, parse_duration
 from kumiflow_django.definition.flow import resolve_key
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.triggers import EventTrigger
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
@@ -283,6 +284,7 @@ def start_run(
     Under flow control the run may be recorded as queued (a full key, a used
     up rate, a debounce): then nothing of it runs now.
     """
+    remember(workflow)  # the definition the run starts on, for the console
     run = start(
         RunStart(
             workflow,

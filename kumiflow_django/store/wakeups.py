@@ -116,25 +116,31 @@ def announce(kind: str) -> None:
 
 
 class _Batch:
-    """What one transaction notifies: each payload is sent once, by the first of
-    its on-commit callbacks that runs. Every call registers a callback of its
-    own (the public ``transaction.on_commit``): a callback dropped with a rolled
-    back savepoint takes only its own call with it, and what a rolled back
-    transaction notified is never sent."""
+    """What one transaction notifies, sent in one statement by the first of its
+    on-commit callbacks that runs. Every call registers a callback of its own
+    (the public ``transaction.on_commit``), so a callback dropped with a rolled
+    back savepoint cannot take the others' notifications with it (its own may
+    still be sent: a notification is a wake-up, and a spurious one costs a
+    read); what a rolled back transaction notified is never sent."""
 
-    def __init__(self) -> None:
-        self.sent: set[tuple[str, str]] = set()
+    def __init__(self, transaction_: object) -> None:
+        #: The outermost ``atomic`` block of the transaction it belongs to.
+        self.transaction = transaction_
+        self.pending: dict[tuple[str, str], None] = {}
         #: Set by the first callback that runs: its transaction committed.
         self.committed = False
 
-    def send(self, using: str, channel: str, payload: str) -> None:
-        self.committed = True
-        if (channel, payload) in self.sent:
+    def send(self, using: str) -> None:
+        if self.committed:
             return
-        self.sent.add((channel, payload))
+        self.committed = True
+        channels, payloads = zip(*self.pending, strict=True) if self.pending else ((), ())
         try:
             with connections[using].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+                cursor.execute(
+                    "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS t(c, p)",
+                    [list(channels), list(payloads)],
+                )
         except Exception:  # a notification is an optimisation, never a failure
             logger.debug("NOTIFY failed", exc_info=True)
 
@@ -155,6 +161,11 @@ def notify(channel: str, payload: str, using: str | None = None) -> None:
         return
     batches: dict[str, _Batch] = _batches.__dict__.setdefault("by_alias", {})
     batch = batches.get(using)
-    if batch is None or batch.committed:
-        batch = batches[using] = _Batch()
-    transaction.on_commit(partial(batch.send, using, channel, payload), using=using, robust=True)
+    # A transaction is told apart by its outermost atomic block: a batch left
+    # by one that rolled back (no callback of it ran) is not sent with the next.
+    blocks = connections[using].atomic_blocks
+    outermost = blocks[0] if blocks else None
+    if batch is None or batch.committed or batch.transaction is not outermost:
+        batch = batches[using] = _Batch(outermost)
+    batch.pending[(channel, payload)] = None
+    transaction.on_commit(partial(batch.send, using), using=using, robust=True)
