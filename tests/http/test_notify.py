@@ -105,11 +105,10 @@ def test_a_transaction_that_changed_many_runs_notifies_them_in_one_statement(lis
     from django.test.utils import CaptureQueriesContext
 
     runs = [f"run-{i}" for i in range(100)]
-    with CaptureQueriesContext(connection) as queries:
-        with transaction.atomic():
-            for run_id in runs:
-                notify_run_changed(run_id)
-                notify_run_changed(run_id)
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        for run_id in runs:
+            notify_run_changed(run_id)
+            notify_run_changed(run_id)
     sent = [q["sql"] for q in queries.captured_queries if "pg_notify" in q["sql"]]
     assert len(sent) == 1, sent  # a fan-out of a thousand children is one round trip
     assert received(listener) == runs
