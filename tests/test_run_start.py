@@ -53,7 +53,7 @@ def test_a_child_of_a_limited_workflow_waits_for_its_keys_slot(registry, clock):
         ],
     )
     parent = start_workflow("orders")
-    first, second = sorted(children_of(parent), key=lambda child: child.input["n"])
+    first, second = sorted(children_of(parent), key=lambda child: (child.input or {})["n"])
     assert (first.status, second.status) == (RunStatus.WAITING, RunStatus.QUEUED)
     assert second.held_by == "concurrency" and started(second)["flow"]["key"] == "c-1"
     clock.advance(hours=1)
