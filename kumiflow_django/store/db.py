@@ -25,7 +25,8 @@ stream versions are the guard that holds: these locks only save work.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, InterfaceError, connections, transaction
@@ -45,9 +46,53 @@ def connection() -> BaseDatabaseWrapper:
     return connections[alias()]
 
 
-def atomic(*, savepoint: bool = True) -> Any:
-    """``transaction.atomic`` on kumiflow-django's database."""
-    return transaction.atomic(using=alias(), savepoint=savepoint)
+@contextmanager
+def atomic(*, savepoint: bool = True) -> Iterator[None]:
+    """``transaction.atomic`` on kumiflow-django's database. A transaction the
+    engine opens itself (not a block inside the caller's) gets bounded waits
+    (:func:`bound_waits`), so a worker that is cut off mid-transaction cannot
+    hold its locks for longer than those bounds."""
+    conn = connection()
+    owned = not conn.in_atomic_block and conn.get_autocommit()
+    with transaction.atomic(using=alias(), savepoint=savepoint):
+        if owned:
+            bound_waits(conn)
+        yield
+
+
+def wait_bounds() -> dict[str, int]:
+    """PostgreSQL's limits for the engine's own transactions, in milliseconds:
+    ``KUMIFLOW_LOCK_TIMEOUT``, ``KUMIFLOW_STATEMENT_TIMEOUT`` (None: the lease)
+    and the lease as the idle-in-transaction limit; 0 leaves the server's value."""
+    lease = float(settings.LEASE_SECONDS)
+    bounds = {
+        "lock_timeout": settings.LOCK_TIMEOUT,
+        "statement_timeout": settings.STATEMENT_TIMEOUT,
+        "idle_in_transaction_session_timeout": lease,
+    }
+    return {name: _ms(seconds, lease) for name, seconds in bounds.items()}
+
+
+def _ms(seconds: float | None, lease: float) -> int:
+    if seconds is None:
+        seconds = lease
+    return 0 if seconds <= 0 else max(1, round(seconds * 1000))
+
+
+def bound_waits(conn: BaseDatabaseWrapper) -> None:
+    """Set the limits of :func:`wait_bounds` for the current transaction only
+    (``set_config(..., true)`` is ``SET LOCAL``): the caller's own transactions
+    on the same connection keep theirs. One round trip, PostgreSQL only
+    (MariaDB's are per session: the workers set them, ``workers/loop.py``)."""
+    if conn.vendor != "postgresql":
+        return
+    bounds = {name: ms for name, ms in wait_bounds().items() if ms}
+    if not bounds:
+        return
+    sql = ", ".join("set_config(%s, %s, true)" for _ in bounds)
+    params = [value for name, ms in bounds.items() for value in (name, f"{ms}ms")]
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
 
 
 def on_commit(fn: Callable[[], Any]) -> None:

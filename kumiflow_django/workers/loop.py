@@ -133,5 +133,14 @@ def limit_idle_transactions(seconds: float) -> None:
                 cursor.execute(f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}")
             elif connection.vendor == "mysql" and connection.mysql_is_mariadb:
                 cursor.execute(f"SET SESSION idle_transaction_timeout = {max(1, int(seconds))}")
+                # MariaDB's lock and statement limits are per session, not per
+                # transaction: set on the workers' own connections only.
+                bounds = db.wait_bounds()
+                if lock_ms := bounds["lock_timeout"]:
+                    cursor.execute(
+                        f"SET SESSION innodb_lock_wait_timeout = {max(1, lock_ms // 1000)}"
+                    )
+                if statement_ms := bounds["statement_timeout"]:
+                    cursor.execute(f"SET SESSION max_statement_time = {statement_ms / 1000}")
 
     connection_created.connect(configure, dispatch_uid="kumiflow-idle-transactions", weak=False)
