@@ -11,6 +11,17 @@ DATABASES.pop("workflows", None)  # noqa: F405
 DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ.get(  # noqa: F405
     "FAULTS_ROLE", "faults-harness"
 )
+# The failover run: libpq's multi-host form, the primary being whichever accepts writes.
+if os.environ.get("FAULTS_PG_HOSTS"):
+    DATABASES["default"].update(  # noqa: F405
+        HOST=os.environ["FAULTS_PG_HOSTS"],
+        PORT=os.environ["FAULTS_PG_PORTS"],
+        NAME=os.environ["FAULTS_PG_NAME"],
+        USER="postgres",
+    )
+    DATABASES["default"]["OPTIONS"].update(  # noqa: F405
+        target_session_attrs="read-write", connect_timeout=3
+    )
 KUMIFLOW_LEASE_SECONDS = float(os.environ.get("FAULTS_LEASE", "4"))
 KUMIFLOW_MAX_INTERVAL = 0.5
 KUMIFLOW_RESUME_THREADS = 2

@@ -128,3 +128,16 @@ parent = define_workflow(
         s.call("after", "faults.effect", _key("after")),
     ],
 )
+
+# The failover's workload (W5-like): three counted segments, two short waits.
+w5 = define_workflow(
+    "faults-w5",
+    start_mode="deferred",
+    steps=[
+        s.call("a", "faults.effect", _key("a")),
+        s.wait("PT0.2S"),
+        s.call("b", "faults.effect", _key("b")),
+        s.wait("PT0.2S"),
+        s.call("c", "faults.effect", _key("c")),
+    ],
+)
