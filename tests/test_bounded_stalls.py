@@ -96,6 +96,23 @@ def test_unbounded_lock_or_statement_timeouts_are_a_warning_and_wrong_values_err
     assert "kumiflow.E060" in found and "kumiflow.E061" in found
 
 
+@pytest.mark.parametrize(
+    ("number", "sqlstate", "transient"),
+    [(1205, "HY000", True), (4031, "HY000", True), (1927, "70100", True), (1062, "23000", False)],
+)
+def test_a_mysql_error_is_told_by_its_number_whatever_its_sqlstate(number, sqlstate, transient):
+    """PyMySQL gives the server's SQLSTATE too: a lock wait timeout's is the
+    generic HY000, which once made it a refusal instead of a transient error."""
+    pymysql = pytest.importorskip("pymysql")
+    try:
+        try:
+            raise pymysql.err.OperationalError(number, "from the server", sqlstate=sqlstate)
+        except pymysql.err.OperationalError as cause:
+            raise OperationalError(*cause.args) from cause
+    except OperationalError as error:
+        assert db.is_transient(error) is transient
+
+
 def _setting(cursor, name):
     cursor.execute("SELECT current_setting(%s)", [name])
     return cursor.fetchone()[0]

@@ -171,12 +171,14 @@ def is_transient(error: BaseException) -> bool:
     if not isinstance(error, DatabaseError):
         return False
     cause = error.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
-    if isinstance(sqlstate, str):
-        return sqlstate in _PG_TRANSIENT or sqlstate.startswith("08")
+    # MySQL's error number first: PyMySQL 1.1+ also gives a SQLSTATE, the
+    # generic HY000 for a lock wait timeout or an idle disconnect.
     args = getattr(cause, "args", None) or error.args
     if args and isinstance(args[0], int):
         return args[0] in _MYSQL_TRANSIENT
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate in _PG_TRANSIENT or sqlstate.startswith("08")
     text = str(error).lower()
     if any(phrase in text for phrase in _SQLITE_TRANSIENT):
         return True
