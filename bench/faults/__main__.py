@@ -152,7 +152,7 @@ def run_fault(moment: str, fault: str, n: int, logdir: Path) -> Row:
 
     from bench.faults import net
     from kumiflow_django import start_workflow
-    from kumiflow_django.models import RunStatus, WorkflowRun
+    from kumiflow_django.models import Event, RunStatus, WorkflowRun
     from testproject.shop.models import Tally
 
     row = Row(fault, moment, tried=1)
@@ -163,6 +163,7 @@ def run_fault(moment: str, fault: str, n: int, logdir: Path) -> Row:
     if moment == "cron":
         env["FAULTS_CRON"] = "* * * * * *"
     before = set(WorkflowRun.objects.values_list("id", flat=True))
+    since = Event.objects.order_by("-position").values_list("position", flat=True).first() or 0
     host = net.Host(n)
     victim = other = None
     holder = None
@@ -246,6 +247,7 @@ def run_fault(moment: str, fault: str, n: int, logdir: Path) -> Row:
         counts = tallies([str(r) for r, _ in runs])
         row.effects_repeated = sum(c - 1 for k, c in counts.items() if not k.endswith(":task"))
         row.deliveries_repeated = sum(c - 1 for k, c in counts.items() if k.endswith(":task"))
+        row.deliveries_repeated += occurrences_repeated(since)
         refusals = [
             line.split(" ", 3)[-1][:160]
             for line in _lines_of(gate_dir / "victim.log")
@@ -261,6 +263,22 @@ def run_fault(moment: str, fault: str, n: int, logdir: Path) -> Row:
             holder.close()
         host.destroy()
     return row
+
+
+def occurrences_repeated(since: int) -> int:
+    """Cron occurrences fired more than once since log position ``since`` (each
+    is an idempotency key: two fired events naming one would be a repeat)."""
+    from kumiflow_django.models import Event
+    from kumiflow_django.store import names
+
+    fired = [
+        occurrence
+        for payload in Event.objects.filter(position__gt=since, type=names.CRON_FIRED).values_list(
+            "payload", flat=True
+        )
+        for occurrence in payload.get("scheduled_for", [])
+    ]
+    return len(fired) - len(set(fired))
 
 
 def _lines_of(path: Path) -> list[str]:

@@ -51,6 +51,20 @@ ENV = {
 os.environ.update(ENV)
 
 
+def ensure_packages() -> None:
+    """Debian's patroni and etcd-server, installed as CI installs its services."""
+    if shutil.which("patroni") and shutil.which("etcd"):
+        return
+    apt = ["apt-get", "install", "-y", "-q", "patroni", "etcd-server"]
+    quiet = {
+        "stdout": subprocess.DEVNULL,
+        "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    }
+    if subprocess.run(apt, check=False, timeout=600, **quiet).returncode:  # type: ignore[call-overload]
+        subprocess.run(["apt-get", "update", "-q"], check=True, timeout=600, **quiet)  # type: ignore[call-overload]
+        subprocess.run(apt, check=True, timeout=600, **quiet)  # type: ignore[call-overload]
+
+
 def patroni_config(name: str) -> str:
     port, rest = PORTS[name]
     return f"""scope: h10f
@@ -323,6 +337,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("the failover starts its own cluster as the postgres user: run it as root")
         return 2
+    ensure_packages()
     result = run()
     print(json.dumps(result))
     ok = not (result["lost"] or result["not_completed"] or result["effects_repeated"])
