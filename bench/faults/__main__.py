@@ -99,6 +99,9 @@ class Worker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+        from bench.faults import net
+
+        net.started(self.process.pid)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -398,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     from bench.faults import net
+
+    # SIGTERM (a CI timeout) unwinds like ^C: the finally blocks clean up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     net.cleanup()
     recreate_database()

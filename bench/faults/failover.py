@@ -337,6 +337,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("the failover starts its own cluster as the postgres user: run it as root")
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks clean up
     ensure_packages()
     result = run()
     print(json.dumps(result))

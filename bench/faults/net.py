@@ -11,10 +11,13 @@ starts with ``PREFIX``; :func:`cleanup` removes what a failed run left.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PREFIX = "h10f"
 #: Private /30 pairs of the suite's own veth links: 10.213.<n>.1 host, .2 worker.
@@ -25,8 +28,34 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=20)
 
 
+#: The pids of the workers the suite started, for the cleanup after a crash.
+PIDS = Path(f"/tmp/{PREFIX}-workers.pids")
+
+
+def started(pid: int) -> None:
+    with PIDS.open("a") as pids:
+        pids.write(f"{pid}\n")
+
+
+def _ours(pid: int) -> bool:
+    """A worker of this suite still (a pid may have been reused since)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"kumiflow_worker" in cmdline and b"FAULTS_ROLE=" in environ
+
+
 def cleanup() -> None:
-    """Remove the namespaces and links of this suite (an earlier run's included)."""
+    """Remove the namespaces and links of this suite (an earlier run's included),
+    and stop the workers a crashed run left behind."""
+    if PIDS.exists():
+        for line in PIDS.read_text().split():
+            if _ours(int(line)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(line), signal.SIGKILL)
+        PIDS.unlink()
     for line in ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
         if name.startswith(PREFIX):
