@@ -168,7 +168,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "LOCK_TIMEOUT": (
         "kumiflow.E060",
         lambda v: v is None or (_positive_number(v) or v == 0),
-        "None (the lease), 0 (the server's) or a positive number of seconds",
+        "None (half the lease), 0 (the server's) or a positive number of seconds",
     ),
     "STATEMENT_TIMEOUT": (
         "kumiflow.E061",
@@ -460,7 +460,7 @@ def stall_warnings(databases: Mapping[str, Any], alias: str) -> list[checks.Chec
             checks.Warning(
                 f"{' and '.join(PREFIX + name for name in unbounded)} 0: the engine's "
                 "transactions wait as long as the server lets them (unbounded by default).",
-                hint="Leave them None (the lease), unless the server or the role bounds them.",
+                hint="Leave them None (from the lease), unless the server or the role bounds them.",
                 id="kumiflow.W061",
                 obj=alias,
             )

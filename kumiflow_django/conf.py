@@ -44,7 +44,8 @@ class KumiflowSettings:
     #: Longest wait for a lock of a transaction kumiflow-django opens itself, in
     #: seconds (PostgreSQL ``lock_timeout``; MariaDB workers'
     #: ``innodb_lock_wait_timeout``): a worker cut off while it waits frees its
-    #: locks within this. None: LEASE_SECONDS; 0: the server's setting.
+    #: locks within this. None: half of LEASE_SECONDS (a lock wait then ends as a
+    #: transient lock timeout before the statement's limit); 0: the server's setting.
     LOCK_TIMEOUT: float | None = None
     #: Longest statement of such a transaction, in seconds (``statement_timeout``;
     #: MariaDB workers' ``max_statement_time``). None: LEASE_SECONDS; 0: the server's.

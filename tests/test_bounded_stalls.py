@@ -20,7 +20,7 @@ def ids(messages):
 def test_the_bounds_default_to_the_lease_and_zero_leaves_the_server_s():
     with override_settings(KUMIFLOW_LEASE_SECONDS=7.5):
         assert db.wait_bounds() == {
-            "lock_timeout": 7500,
+            "lock_timeout": 3750,  # below the statement's: a lock wait is a lock timeout
             "statement_timeout": 7500,
             "idle_in_transaction_session_timeout": 7500,
         }

@@ -28,7 +28,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DATABASE = os.environ.get("FAULTS_DATABASE", "kumiflow_faults_h10")
-PG = ("127.0.0.1", 5432)
+#: ``FAULTS_DB=mariadb``: the same faults against the machine's MariaDB.
+MARIADB = os.environ.get("FAULTS_DB", "postgresql") == "mariadb"
+PG = ("127.0.0.1", 3306 if MARIADB else 5432)
 LEASE = float(os.environ.get("FAULTS_LEASE", "4"))
 #: Longest wait for any one phase of a fault.
 PHASE_BOUND = 120.0
@@ -38,6 +40,8 @@ QUICK = [("segment", "cut")]
 
 
 def url(host: str) -> str:
+    if MARIADB:
+        return f"mysql://root@{host}:{PG[1]}/{DATABASE}"
     return f"postgres://postgres@{host}:{PG[1]}/{DATABASE}"
 
 
@@ -74,6 +78,15 @@ def wait_for(what: str, test: Callable[[], Any], bound: float = PHASE_BOUND) -> 
 
 
 def recreate_database() -> None:
+    if MARIADB:
+        import pymysql
+
+        conn = pymysql.connect(host=PG[0], port=PG[1], user="root", autocommit=True)
+        with conn.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{DATABASE}`")
+            cursor.execute(f"CREATE DATABASE `{DATABASE}` CHARACTER SET utf8mb4")
+        conn.close()
+        return
     import psycopg
 
     with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
@@ -173,11 +186,8 @@ def run_fault(moment: str, fault: str, n: int, logdir: Path) -> Row:
     try:
         host.create(PG)
         if moment == "lease":  # the harness holds the row the victim will wait for
-            import psycopg
-
             Tally.objects.get_or_create(key="gate")
-            holder = psycopg.connect(url(PG[0]).replace("postgres://", "postgresql://"))
-            holder.execute("SELECT 1 FROM shop_tally WHERE key = 'gate' FOR UPDATE")
+            holder = hold_gate()
         victim = Worker("victim", host, env, gate_dir)
         workflows = create_work(moment)
         held = wait_for("the victim at the gate", lambda: _read(gate_dir / "entered"))
@@ -292,14 +302,39 @@ def _read(path: Path) -> str | None:
     return path.read_text() if path.exists() and path.read_text().strip() else None
 
 
+def hold_gate() -> Any:
+    """A connection of the harness's own holding the gate row's lock."""
+    select = "SELECT 1 FROM shop_tally WHERE `key` = 'gate' FOR UPDATE"
+    if MARIADB:
+        import pymysql
+
+        holder = pymysql.connect(host=PG[0], port=PG[1], user="root", database=DATABASE)
+        # READ COMMITTED, as Django's connections: no gap locks beside the row
+        holder.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        holder.cursor().execute(select)
+        return holder
+    import psycopg
+
+    holder = psycopg.connect(url(PG[0]).replace("postgres://", "postgresql://"))
+    holder.execute(select.replace("`", '"'))
+    return holder
+
+
 def _waiting_for_lock() -> bool:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'victim' "
-            "AND wait_event_type = 'Lock'"
-        )
+        if MARIADB:  # no application names: the victim's statement is the one waiting
+            cursor.execute(
+                "SELECT 1 FROM information_schema.processlist WHERE info LIKE %s "
+                "AND info LIKE %s AND id <> CONNECTION_ID()",
+                ["%shop_tally%", "%FOR UPDATE%"],
+            )
+        else:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'victim' "
+                "AND wait_event_type = 'Lock'"
+            )
         return cursor.fetchone() is not None
 
 
@@ -435,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    print(f"lease {LEASE:g} s; logs in {logdir}")
+    print(f"{'MariaDB' if MARIADB else 'PostgreSQL'}, lease {LEASE:g} s; logs in {logdir}")
     print(table(rows))
     bad = [
         r

@@ -8,9 +8,10 @@ from testproject.settings import *  # noqa: F403
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.faults"]  # noqa: F405
 DATABASES.pop("workflows", None)  # noqa: F405
 # pg_stat_activity names each worker's backends (the forwarder hides client_addr).
-DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ.get(  # noqa: F405
-    "FAULTS_ROLE", "faults-harness"
-)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":  # noqa: F405
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ.get(  # noqa: F405
+        "FAULTS_ROLE", "faults-harness"
+    )
 # The failover run: libpq's multi-host form, the primary being whichever accepts writes.
 if os.environ.get("FAULTS_PG_HOSTS"):
     DATABASES["default"].update(  # noqa: F405

@@ -62,20 +62,22 @@ def atomic(*, savepoint: bool = True) -> Iterator[None]:
 
 def wait_bounds() -> dict[str, int]:
     """PostgreSQL's limits for the engine's own transactions, in milliseconds:
-    ``KUMIFLOW_LOCK_TIMEOUT``, ``KUMIFLOW_STATEMENT_TIMEOUT`` (None: the lease)
-    and the lease as the idle-in-transaction limit; 0 leaves the server's value."""
+    ``KUMIFLOW_LOCK_TIMEOUT`` (None: half the lease, so that a lock wait ends
+    as a lock timeout, a transient error, before the statement's limit),
+    ``KUMIFLOW_STATEMENT_TIMEOUT`` (None: the lease) and the lease as the
+    idle-in-transaction limit; 0 leaves the server's value."""
     lease = float(settings.LEASE_SECONDS)
     bounds = {
-        "lock_timeout": settings.LOCK_TIMEOUT,
-        "statement_timeout": settings.STATEMENT_TIMEOUT,
-        "idle_in_transaction_session_timeout": lease,
+        "lock_timeout": _ms(settings.LOCK_TIMEOUT, lease / 2),
+        "statement_timeout": _ms(settings.STATEMENT_TIMEOUT, lease),
+        "idle_in_transaction_session_timeout": _ms(None, lease),
     }
-    return {name: _ms(seconds, lease) for name, seconds in bounds.items()}
+    return bounds
 
 
-def _ms(seconds: float | None, lease: float) -> int:
+def _ms(seconds: float | None, default: float) -> int:
     if seconds is None:
-        seconds = lease
+        seconds = default
     return 0 if seconds <= 0 else max(1, round(seconds * 1000))
 
 
