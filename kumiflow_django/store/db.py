@@ -67,12 +67,11 @@ def wait_bounds() -> dict[str, int]:
     ``KUMIFLOW_STATEMENT_TIMEOUT`` (None: the lease) and the lease as the
     idle-in-transaction limit; 0 leaves the server's value."""
     lease = float(settings.LEASE_SECONDS)
-    bounds = {
+    return {
         "lock_timeout": _ms(settings.LOCK_TIMEOUT, lease / 2),
         "statement_timeout": _ms(settings.STATEMENT_TIMEOUT, lease),
         "idle_in_transaction_session_timeout": _ms(None, lease),
     }
-    return bounds
 
 
 def _ms(seconds: float | None, default: float) -> int:
