@@ -167,6 +167,16 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         _tenant_weights,
         "a mapping of tenants to integer weights from 1 to 100",
     ),
+    "LOCK_TIMEOUT": (
+        "kumiflow.E060",
+        lambda v: v is None or (_positive_number(v) or v == 0),
+        "None (half the lease), 0 (the server's) or a positive number of seconds",
+    ),
+    "STATEMENT_TIMEOUT": (
+        "kumiflow.E061",
+        lambda v: v is None or (_positive_number(v) or v == 0),
+        "None (the lease), 0 (the server's) or a positive number of seconds",
+    ),
     "SSE_LISTEN": (
         "kumiflow.E026",
         lambda v: v is None or isinstance(v, bool),
@@ -477,6 +487,55 @@ def isolation_warnings(databases: Mapping[str, Any], alias: str) -> list[checks.
             obj=alias,
         )
     ]
+
+
+@checks.register(checks.Tags.database)
+def check_bounded_stalls(**kwargs: Any) -> list[checks.CheckMessage]:
+    """A worker host that loses the network holds its locks until the server
+    notices: only TCP keepalives and a user timeout bound that wait."""
+    return stall_warnings(django_settings.DATABASES, str(settings.DATABASE))
+
+
+#: libpq's parameters that bound how long a dead peer goes unnoticed.
+KEEPALIVE_OPTIONS = ("keepalives_idle", "keepalives_interval", "keepalives_count")
+
+
+def stall_warnings(databases: Mapping[str, Any], alias: str) -> list[checks.CheckMessage]:
+    config = databases.get(alias) or {}
+    if str(config.get("ENGINE", "")).rsplit(".", 1)[-1] != "postgresql":
+        return []  # MariaDB: the workers' session limits (idle_transaction_timeout) bound it
+    options = config.get("OPTIONS") or {}
+    missing = [name for name in (*KEEPALIVE_OPTIONS, "tcp_user_timeout") if name not in options]
+    if str(options.get("keepalives", 1)) == "0":
+        missing.insert(0, "keepalives")
+    found: list[checks.CheckMessage] = []
+    if missing:
+        found.append(
+            checks.Warning(
+                f"The database {alias!r} that kumiflow-django uses sets no "
+                f"{', '.join(missing)}: a worker whose network is cut mid-transaction "
+                "holds its locks until TCP gives up (minutes to hours).",
+                hint='Set them in DATABASES[...]["OPTIONS"], e.g. "keepalives": 1, '
+                '"keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3, '
+                '"tcp_user_timeout": 30000 (docs/scaling.md, "Bounded stalls").',
+                id="kumiflow.W060",
+                obj=alias,
+            )
+        )
+    unbounded = [
+        name for name in ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT") if getattr(settings, name) == 0
+    ]
+    if unbounded:
+        found.append(
+            checks.Warning(
+                f"{' and '.join(PREFIX + name for name in unbounded)} 0: the engine's "
+                "transactions wait as long as the server lets them (unbounded by default).",
+                hint="Leave them None (from the lease), unless the server or the role bounds them.",
+                id="kumiflow.W061",
+                obj=alias,
+            )
+        )
+    return found
 
 
 #: Step kinds whose ``model`` argument names a Django model.

@@ -41,6 +41,15 @@ class KumiflowSettings:
     #: another worker takes it over; also the database's idle-in-transaction limit
     #: of worker connections on PostgreSQL and MariaDB.
     LEASE_SECONDS: float = 60.0
+    #: Longest wait for a lock of a transaction kumiflow-django opens itself, in
+    #: seconds (PostgreSQL ``lock_timeout``; MariaDB workers'
+    #: ``innodb_lock_wait_timeout``): a worker cut off while it waits frees its
+    #: locks within this. None: half of LEASE_SECONDS (a lock wait then ends as a
+    #: transient lock timeout before the statement's limit); 0: the server's setting.
+    LOCK_TIMEOUT: float | None = None
+    #: Longest statement of such a transaction, in seconds (``statement_timeout``;
+    #: MariaDB workers' ``max_statement_time``). None: LEASE_SECONDS; 0: the server's.
+    STATEMENT_TIMEOUT: float | None = None
     #: The ``DATABASES`` alias of the worker's one LISTEN connection (PostgreSQL),
     #: when ``DATABASE`` goes through a transaction-pooling PgBouncer; None: ``DATABASE``.
     LISTEN_DATABASE: str | None = None

@@ -99,6 +99,17 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     if _db["NAME"] != ":memory:":
         # A file, so that other processes (workers, subprocess tests) see the data.
         _db["TEST"] = {"NAME": str(BASE_DIR / "test_db.sqlite3")}
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    # A server or a worker host that is gone is noticed in seconds (docs/scaling.md).
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 30000,
+        }
+    )
 elif _db["ENGINE"] == "django.db.backends.mysql":
     import pymysql
 

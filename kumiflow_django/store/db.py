@@ -39,7 +39,8 @@ from __future__ import annotations
 import functools
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, InterfaceError, connections, transaction
@@ -63,9 +64,54 @@ def connection() -> BaseDatabaseWrapper:
     return connections[alias()]
 
 
-def atomic(*, savepoint: bool = True) -> Any:
-    """``transaction.atomic`` on kumiflow-django's database."""
-    return transaction.atomic(using=alias(), savepoint=savepoint)
+@contextmanager
+def atomic(*, savepoint: bool = True) -> Iterator[None]:
+    """``transaction.atomic`` on kumiflow-django's database. A transaction the
+    engine opens itself (not a block inside the caller's) gets bounded waits
+    (:func:`bound_waits`), so a worker that is cut off mid-transaction cannot
+    hold its locks for longer than those bounds."""
+    conn = connection()
+    owned = not conn.in_atomic_block and conn.get_autocommit()
+    with transaction.atomic(using=alias(), savepoint=savepoint):
+        if owned:
+            bound_waits(conn)
+        yield
+
+
+def wait_bounds() -> dict[str, int]:
+    """PostgreSQL's limits for the engine's own transactions, in milliseconds:
+    ``KUMIFLOW_LOCK_TIMEOUT`` (None: half the lease, so that a lock wait ends
+    as a lock timeout, a transient error, before the statement's limit),
+    ``KUMIFLOW_STATEMENT_TIMEOUT`` (None: the lease) and the lease as the
+    idle-in-transaction limit; 0 leaves the server's value."""
+    lease = float(settings.LEASE_SECONDS)
+    return {
+        "lock_timeout": _ms(settings.LOCK_TIMEOUT, lease / 2),
+        "statement_timeout": _ms(settings.STATEMENT_TIMEOUT, lease),
+        "idle_in_transaction_session_timeout": _ms(None, lease),
+    }
+
+
+def _ms(seconds: float | None, default: float) -> int:
+    if seconds is None:
+        seconds = default
+    return 0 if seconds <= 0 else max(1, round(seconds * 1000))
+
+
+def bound_waits(conn: BaseDatabaseWrapper) -> None:
+    """Set the limits of :func:`wait_bounds` for the current transaction only
+    (``set_config(..., true)`` is ``SET LOCAL``): the caller's own transactions
+    on the same connection keep theirs. One round trip, PostgreSQL only
+    (MariaDB's are per session: the workers set them, ``workers/loop.py``)."""
+    if conn.vendor != "postgresql":
+        return
+    bounds = {name: ms for name, ms in wait_bounds().items() if ms}
+    if not bounds:
+        return
+    sql = ", ".join("set_config(%s, %s, true)" for _ in bounds)
+    params = [value for name, ms in bounds.items() for value in (name, f"{ms}ms")]
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
 
 
 def on_commit(fn: Callable[[], Any]) -> None:
@@ -155,14 +201,22 @@ def prefix_needs_range(using: Using = None) -> bool:
     return _vendor(using) == "sqlite"
 
 
-def idle_transaction_timeout(connection: BaseDatabaseWrapper, seconds: float) -> str | None:
-    """The statement that makes the database end this connection's transaction
-    when it sits idle longer than ``seconds`` (None where there is none)."""
+def session_limits(connection: BaseDatabaseWrapper, seconds: float) -> list[str]:
+    """The statements that bound a worker connection's session: its transaction
+    ends when it sits idle longer than ``seconds``; on MariaDB, whose lock and
+    statement limits are per session, not per transaction, also those of
+    :func:`wait_bounds` (PostgreSQL sets them per transaction, :func:`bound_waits`)."""
     if connection.vendor == "postgresql":
-        return f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}"
+        return [f"SET idle_in_transaction_session_timeout = {int(seconds * 1000)}"]
     if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
-        return f"SET SESSION idle_transaction_timeout = {max(1, int(seconds))}"
-    return None
+        statements = [f"SET SESSION idle_transaction_timeout = {max(1, int(seconds))}"]
+        bounds = wait_bounds()
+        if lock_ms := bounds["lock_timeout"]:
+            statements.append(f"SET SESSION innodb_lock_wait_timeout = {max(1, lock_ms // 1000)}")
+        if statement_ms := bounds["statement_timeout"]:
+            statements.append(f"SET SESSION max_statement_time = {statement_ms / 1000}")
+        return statements
+    return []
 
 
 def erasure_permit_sql(using: Using = None) -> tuple[str, str, bool] | None:
@@ -256,12 +310,14 @@ def is_transient(error: BaseException) -> bool:
     if not isinstance(error, DatabaseError):
         return False
     cause = error.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
-    if isinstance(sqlstate, str):
-        return sqlstate in _PG_TRANSIENT or sqlstate.startswith("08")
+    # MySQL's error number first: PyMySQL 1.1+ also gives a SQLSTATE, the
+    # generic HY000 for a lock wait timeout or an idle disconnect.
     args = getattr(cause, "args", None) or error.args
     if args and isinstance(args[0], int):
         return args[0] in _MYSQL_TRANSIENT
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate in _PG_TRANSIENT or sqlstate.startswith("08")
     text = str(error).lower()
     if any(phrase in text for phrase in _SQLITE_TRANSIENT):
         return True

@@ -226,9 +226,10 @@ def limit_idle_transactions(seconds: float) -> None:
     def configure(sender: Any, connection: Any, **kwargs: Any) -> None:
         if connection.alias != db.alias():
             return
-        statement = db.idle_transaction_timeout(connection, seconds)
-        if statement is not None:
+        statements = db.session_limits(connection, seconds)
+        if statements:
             with connection.cursor() as cursor:
-                cursor.execute(statement)
+                for statement in statements:
+                    cursor.execute(statement)
 
     connection_created.connect(configure, dispatch_uid="kumiflow-idle-transactions", weak=False)
