@@ -9,7 +9,7 @@ space   := $(empty) $(empty)
 STAMP   := $(VENV)/.installed-$(subst $(space),-,$(GROUPS))
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint fmt serve bench venv clean docs
+.PHONY: demo test lint fmt serve bench venv clean docs faults faults-quick
 
 venv: $(STAMP)
 
@@ -55,6 +55,19 @@ BENCH_ARGS ?=
 bench: venv
 	$(PY) -m pip install --quiet --group postgres --group mysql --group test $(if $(findstring dbos,$(BENCH_ARGS)),--group bench,)
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+# The fault suite (bench/faults, docs/reliability.md): worker hosts in network
+# namespaces of its own, cut off or paused mid-work, and a Patroni failover.
+# Needs root (ip netns); installs Debian's patroni and etcd when missing.
+FAULTS_ARGS ?=
+faults: venv
+	$(PY) -m pip install --quiet --group postgres --group test
+	$(PY) -m bench.faults --repeat 3 --failover $(FAULTS_ARGS)
+
+# One partition and one failover (a minute or two).
+faults-quick: venv
+	$(PY) -m pip install --quiet --group postgres --group test
+	$(PY) -m bench.faults --quick
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info testproject/db.sqlite3*
