@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-DATABASE = os.environ.get("FAULTS_DATABASE", "kumiflow_faults_h10")
+DATABASE = os.environ.get("FAULTS_DATABASE", "kumiflow_faults")
 #: ``FAULTS_DB=mariadb``: the same faults against the machine's MariaDB.
 MARIADB = os.environ.get("FAULTS_DB", "postgresql") == "mariadb"
 PG = ("127.0.0.1", 3306 if MARIADB else 5432)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-BASE = Path(os.environ.get("FAULTS_FAILOVER_DIR", "/tmp/h10f-failover"))
+BASE = Path(os.environ.get("FAULTS_FAILOVER_DIR", "/tmp/kfault-failover"))
 PORTS = {"pg1": (5441, 8441), "pg2": (5442, 8442)}
 ETCD = (23790, 23800)
 BIN = Path("/usr/lib/postgresql/15/bin")
@@ -67,8 +67,8 @@ def ensure_packages() -> None:
 
 def patroni_config(name: str) -> str:
     port, rest = PORTS[name]
-    return f"""scope: h10f
-namespace: /h10f/
+    return f"""scope: kfault
+namespace: /kfault/
 name: {name}
 restapi:
   listen: 127.0.0.1:{rest}
@@ -118,12 +118,12 @@ class Cluster:
         BASE.mkdir(parents=True)
         shutil.chown(BASE, "postgres", "postgres")
         etcd = [
-            "etcd", "--name", "h10f", "--data-dir", str(BASE / "etcd"),
+            "etcd", "--name", "kfault", "--data-dir", str(BASE / "etcd"),
             "--listen-client-urls", f"http://127.0.0.1:{ETCD[0]}",
             "--advertise-client-urls", f"http://127.0.0.1:{ETCD[0]}",
             "--listen-peer-urls", f"http://127.0.0.1:{ETCD[1]}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{ETCD[1]}",
-            "--initial-cluster", f"h10f=http://127.0.0.1:{ETCD[1]}",
+            "--initial-cluster", f"kfault=http://127.0.0.1:{ETCD[1]}",
         ]  # fmt: skip
         self._spawn("etcd", etcd)
         for name in PORTS:
@@ -169,7 +169,7 @@ def ours(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return False
-    return str(BASE) in cmdline or "h10f" in cmdline
+    return str(BASE) in cmdline or "kfault" in cmdline
 
 
 def cleanup() -> None:

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PREFIX = "h10f"
+PREFIX = "kfault"
 #: Private /30 pairs of the suite's own veth links: 10.213.<n>.1 host, .2 worker.
 NETWORK = "10.213"
 
