@@ -36,8 +36,10 @@ def test_a_limited_child_cancelled_with_its_parent_frees_its_slot(registry, cloc
     assert behind.status == RunStatus.WAITING  # admitted: its key's slot is free
 
 
-def test_a_child_waiting_in_branches_cancelled_with_its_parent_leaves_no_waits(registry):
-    define_workflow(
+@pytest.fixture
+def two_waits(registry):
+    """A workflow that waits for two events in two parallel branches."""
+    return define_workflow(
         "two-waits",
         steps=[
             s.parallel(
@@ -49,6 +51,9 @@ def test_a_child_waiting_in_branches_cancelled_with_its_parent_leaves_no_waits(r
             ),
         ],
     )
+
+
+def test_a_child_waiting_in_branches_cancelled_with_its_parent_leaves_no_waits(two_waits):
     define_workflow("order", steps=[s.child("c", "two-waits")])
     parent = start_workflow("order")
     [child] = WorkflowRun.objects.filter(parent_id=parent.pk)
@@ -60,19 +65,7 @@ def test_a_child_waiting_in_branches_cancelled_with_its_parent_leaves_no_waits(r
     assert not RunWait.objects.filter(run_id=child.pk).exists()
 
 
-def test_a_run_cancelled_by_hand_does_the_same(registry):
-    define_workflow(
-        "two-waits",
-        steps=[
-            s.parallel(
-                "both",
-                {
-                    "a": [s.wait_for_event("paid", match={"payload.id": 1})],
-                    "b": [s.wait_for_event("shipped", match={"payload.id": 1})],
-                },
-            ),
-        ],
-    )
+def test_a_run_cancelled_by_hand_does_the_same(two_waits):
     run = start_workflow("two-waits")
     assert RunWait.objects.filter(run_id=run.pk).count() == 2
     cancel_run(run.pk)
