@@ -110,3 +110,34 @@ def test_every_start_writes_the_same_run_started(registry, clock):
         assert started(run)["fingerprint"] == started(by_call)["fingerprint"]
     assert started(child)["parent"]["id"] == str(parent.pk)
     assert started(child)["trigger"] == {"type": "child"}
+
+
+@pytest.mark.server_db
+def test_children_that_await_events_share_one_look_up_of_the_start_gaps(registry, monkeypatch):
+    from kumiflow_django.definition import matching
+
+    looked: list[int] = []
+    real = matching.gaps_below
+
+    def counted(position: int) -> list[int]:
+        looked.append(position)
+        return real(position)
+
+    monkeypatch.setattr(matching, "gaps_below", counted)
+    define_workflow("await-paid", steps=[s.wait_for_event("paid", match={"payload.n": 1})])
+    define_workflow(
+        "fan-out",
+        steps=[
+            s.for_each(
+                lambda ctx: [1, 2, 3, 4, 5],
+                "n",
+                parallel=True,
+                do=[s.child("c", "await-paid", wait=False)],
+                name="all",
+            ),
+            s.return_(0),
+        ],
+    )
+    parent = start_workflow("fan-out")
+    assert len(children_of(parent)) == 5
+    assert len(looked) == 1  # once for the five, not once each

@@ -32,6 +32,7 @@ from typing import Any
 
 from django.db.models import Max, QuerySet
 
+from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Cancellation, ChildRequest, TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
@@ -47,7 +48,7 @@ from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
 from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.projections.tasks import append as append_task
 from kumiflow_django.projections.waits import sync as sync_waits
-from kumiflow_django.store import clock
+from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.models import Event
@@ -92,6 +93,9 @@ def started(
     depth = (parent.depth or 0) + 1
     due: datetime | None = None
     remembered: set[str] = set()
+    # The start gaps below ``since``: looked up once, for the first child that
+    # awaits events, and shared by the others.
+    gaps: list[int] | None = None
     for request in requests:
         workflow = None
         if registry.is_registered(request.workflow):
@@ -125,6 +129,8 @@ def started(
                         )
                     settled[str(request.id)] = outcome(existing)
                 continue
+        if workflow.awaited and gaps is None:
+            gaps = [] if db.one_writer_at_a_time() else matching.gaps_below(since)
         link = ParentLink(
             id=parent.id,
             root=parent.root_id or parent.id,
@@ -142,6 +148,7 @@ def started(
             input=request.payload,
             parent=link,
             run_id=request.id,
+            gaps=gaps,
         )
         if workflow.fingerprint not in remembered:  # the definition it starts on, once
             remember(workflow)

@@ -82,6 +82,9 @@ class RunStart:
     failure: Failure | None = None
     debounce: dict[str, Any] | None = None
     parent: ParentLink | None = None
+    #: The log positions in flight below ``since`` when several starts share
+    #: it (the children of one segment): looked up once for all; None: here.
+    gaps: list[int] | None = None
     # Random, also for keyed runs: an id derived from the key would be a
     # stream id anyone could take first. The run table's unique key (tenant,
     # workflow, idempotency key) makes a second start a no-op.
@@ -168,7 +171,7 @@ class RunStart:
         if priority:
             started["priority"] = priority
         if workflow.awaited and not db.one_writer_at_a_time():
-            gaps = matching.gaps_below(self.since)
+            gaps = matching.gaps_below(self.since) if self.gaps is None else self.gaps
             if gaps:
                 started["since_gaps"] = gaps
         return started
