@@ -154,6 +154,9 @@ def test_the_overview_follows_the_dark_theme(browser, live_server, shop):
         page.fill("#id_password", "a-long-password")
         page.click("input[type=submit]")
         page.wait_for_selector(".kf-counts")
+        # the element can be in the DOM before console.css has loaded; the
+        # load event is the barrier after which every stylesheet applies
+        page.wait_for_load_state("load")
         fills[scheme] = page.evaluate(
             "(() => { const s = getComputedStyle(document.querySelector('rect.kf-bar-failed'));"
             " const b = getComputedStyle(document.body);"
