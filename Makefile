@@ -1,5 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
-# Both create .venv on first use and install what they need.
+# Both create .venv on first use and install what they need: the demo only
+# the runtime and the testproject's settings (the `demo` group, well under a
+# minute), the suite the development groups (GROUPS, `dev` by default).
 
 VENV    := .venv
 PY      := $(VENV)/bin/python
@@ -13,13 +15,15 @@ PYTEST_ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/find_python.sh
+# One stamp per set of groups: installing the demo's does not count as
+# installing the suite's, so `make test` after `make demo` installs dev.
+$(VENV)/.installed-%: pyproject.toml scripts/find_python.sh
 	@test -x $(PY) || "$$(scripts/find_python.sh)" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=25.1"
-	$(PY) -m pip install --quiet -e . $(foreach g,$(GROUPS),--group $(g))
+	$(PY) -m pip install --quiet -e . $(foreach g,$(subst -,$(space),$*),--group $(g))
 	@touch $@
 
-demo: venv
+demo: $(VENV)/.installed-demo
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py demo
 
@@ -45,7 +49,7 @@ fmt: venv
 # The development server, styled: DEBUG=true makes runserver serve the
 # admin's static files (the testproject's DEBUG is off unless asked for).
 SERVE_ADDR ?= 127.0.0.1:8000
-serve: venv
+serve: $(VENV)/.installed-demo
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py demo --superuser-only
 	DEBUG=true $(PY) manage.py runserver $(SERVE_ADDR)
