@@ -11,7 +11,7 @@ space   := $(empty) $(empty)
 STAMP   := $(VENV)/.installed-$(subst $(space),-,$(GROUPS))
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint fmt serve bench venv clean docs faults faults-quick
+.PHONY: demo demo-venv test test-all lint fmt serve bench venv clean docs faults faults-quick
 
 venv: $(STAMP)
 
@@ -23,12 +23,22 @@ $(VENV)/.installed-%: pyproject.toml scripts/find_python.sh
 	$(PY) -m pip install --quiet -e . $(foreach g,$(subst -,$(space),$*),--group $(g))
 	@touch $@
 
-demo: $(VENV)/.installed-demo
+demo-venv: $(VENV)/.installed-demo
+
+demo: demo-venv
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py demo
 
+# The suite on both cores (pytest-xdist; each worker has its own test
+# database), without the tests marked slow; `make test-all` and CI run
+# everything: PYTEST_SELECT= (empty) selects all, PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
+PYTEST_SELECT  ?= -m "not slow"
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_SELECT) $(PYTEST_ARGS)
+
+test-all:
+	$(MAKE) test PYTEST_SELECT=
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -49,7 +59,7 @@ fmt: venv
 # The development server, styled: DEBUG=true makes runserver serve the
 # admin's static files (the testproject's DEBUG is off unless asked for).
 SERVE_ADDR ?= 127.0.0.1:8000
-serve: $(VENV)/.installed-demo
+serve: demo-venv
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py demo --superuser-only
 	DEBUG=true $(PY) manage.py runserver $(SERVE_ADDR)

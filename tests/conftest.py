@@ -14,7 +14,10 @@ def pytest_sessionstart(session):
     from django.conf import settings
 
     settings.DATABASES  # noqa: B018 - this process reads its settings first
-    os.environ["TESTPROJECT_ONE_DATABASE"] = "1"
+    # Under pytest-xdist the controller starts the workers after this hook:
+    # they must read the settings with both aliases, then set it themselves.
+    if not session.config.pluginmanager.has_plugin("dsession"):
+        os.environ["TESTPROJECT_ONE_DATABASE"] = "1"
 
     # Users the tests create and log in (admin_client, ...) are hashed with MD5:
     # PBKDF2 costs a fifth of a second per password. Only here: the demo, make

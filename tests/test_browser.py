@@ -273,7 +273,7 @@ def test_redeliver_and_fire_now_through_their_confirmation_pages(page, live_serv
 def test_send_the_approval_a_run_waits_for(page, live_server, shop):
     run = shop["approval"]
     page.goto(run_page(live_server, run))
-    assert "Waiting for refund.approved" in page.inner_text("#kf-waiting")
+    assert "Waiting for event refund.approved" in page.inner_text("#kf-waiting")
     page.click("#kf-send-event")
     assert page.inner_text("#kf-event-type") == "refund.approved"
     assert page.input_value("#id_stream_id") == "refund-9"
@@ -331,6 +331,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_make_serve_serves_the_admin_styled(browser, tmp_path):
     """``make serve`` as a new user runs it: the admin's CSS and the console's load."""
     port = _free_port()
@@ -340,8 +341,18 @@ def test_make_serve_serves_the_admin_styled(browser, tmp_path):
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
+    # -o: the venv the suite runs in is taken as it is, never installed into.
     server = subprocess.Popen(
-        ["make", "-o", "venv", "serve", f"SERVE_ADDR=127.0.0.1:{port}", f"PY={sys.executable}"],
+        [
+            "make",
+            "-o",
+            "venv",
+            "-o",
+            "demo-venv",
+            "serve",
+            f"SERVE_ADDR=127.0.0.1:{port}",
+            f"PY={sys.executable}",
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

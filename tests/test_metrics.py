@@ -281,6 +281,7 @@ def explain(sql: str) -> str:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_gauge_queries_read_indexes_not_the_tables():
     """With 20,000 finished runs and delivered dispatches, every gauge query

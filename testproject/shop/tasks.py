@@ -62,11 +62,11 @@ def double(n: int) -> int:
     return n * 2
 
 
-def sleep_then(key: str, seconds: float, value: Any) -> Any:
-    """Record the call, signal that it runs, sleep, return ``value``."""
+def held_then(key: str, value: Any) -> Any:
+    """Record the call, signal that it runs, wait until released, return ``value``."""
     _record(key)
     _event(started, key).set()
-    time.sleep(seconds)
+    _event(release, key).wait(60)
     return value
 
 

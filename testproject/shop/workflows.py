@@ -279,7 +279,7 @@ if "db" in settings.TASKS:
     _task_probe("task-double-db", shop_tasks.double_db)
 if "rq" in settings.TASKS:
     _task_probe("task-double-rq", shop_tasks.double_rq)
-_task_probe("task-sleep", shop_tasks.sleep_then, timeout=30)
+_task_probe("task-held", shop_tasks.held_then, timeout=60)
 _task_probe("task-slow-first", shop_tasks.slow_first, timeout=1, retry=_FAST_RETRY)
 _task_probe("task-heartbeat", shop_tasks.heartbeating, timeout=60, heartbeat_timeout=2)
 _task_probe("task-cancellable", shop_tasks.until_cancelled, timeout=60)
