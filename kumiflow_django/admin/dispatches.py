@@ -199,9 +199,18 @@ class DispatchAdmin(ReadOnlyAdmin):
         }
         if dispatch is not None:
             context.update(stream_context(str(dispatch.id), dispatch.tenant_id))
+            # One thing, two names: a row of the outbox is a Dispatch (docs/concepts.md).
+            context["title"] = f"Outbox: {dispatch.kind} dispatch {str(dispatch.id)[:8]}"
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The outbox is the table of Dispatch rows: the page says both names.
+        title = "Outbox: one dispatch per mail, webhook or custom side effect a run asked for"
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
     def get_urls(self) -> list[Any]:
         urls = [

@@ -33,6 +33,7 @@ from kumiflow_django.definition.snapshots import outline, snapshot
 from kumiflow_django.engine import admission
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.waiting_for import waiting_for
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -248,7 +249,11 @@ def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
     if run.status != RunStatus.WAITING_EVENT:
         return None
     match = run.awaited_match if isinstance(run.awaited_match, dict) else {}
+    awaited = waiting_for(run)
     return {
+        # "waiting for task charge": the engine's own events said as what they are.
+        "title": awaited["text"] if awaited else f"waiting for event {run.awaited_event_type}",
+        "kind": awaited["kind"] if awaited else "event",
         "event_type": run.awaited_event_type,
         "match": sorted(match.items()),
         "timeout": run.wake_at,

@@ -40,6 +40,7 @@ from kumiflow_django.engine import operations
 from kumiflow_django.engine.operations import retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.waiting_for import waiting_for
 from kumiflow_django.store import clock, leases
 from kumiflow_django.store.models import Event
 
@@ -358,6 +359,12 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="waiting for")
     def waiting_for(self, run: WorkflowRun) -> SafeString | str:
+        awaited = waiting_for(run)
+        if awaited is not None and awaited["kind"] != "event":
+            # The engine's own events (a task's, a delivery's) are said as what they are.
+            return format_html(
+                '<span class="kf-key" title="{}">{}</span>', awaited["event_type"], awaited["text"]
+            )
         if run.status == RunStatus.WAITING_EVENT:
             return format_html(
                 'for <span class="kf-key" title="{}">{}</span>',

@@ -115,6 +115,24 @@ _RUN_PROPERTIES: dict[str, Any] = {
         "required": ["event_type"],
         "properties": {"event_type": {"type": "string"}},
     },
+    "waiting_for": {
+        "type": ["object", "null"],
+        "description": "What a run in waiting_event waits for, in the console's words: its "
+        "task (a task step awaits kumiflow.task.settled), a delivery (a webhook step that "
+        "wants the answer) or an event; null when it waits for none.",
+        "required": ["kind", "step", "path", "event_type", "id", "text"],
+        "properties": {
+            "kind": {"type": "string", "enum": ["task", "delivery", "event"]},
+            "event_type": {"type": "string", "description": "The awaited event type, as stored."},
+            "step": {"type": ["string", "null"], "description": "The waiting step's name."},
+            "path": {"type": "string", "description": "The waiting step's path."},
+            "id": {
+                "type": ["string", "null"],
+                "description": "The task's or the dispatch's id; null for an event.",
+            },
+            "text": {"type": "string", "description": "As the console says it."},
+        },
+    },
     "input": {"description": "The payload the run was started with (manual starts)."},
     "result": {"description": "What the run returned, once completed."},
     "steps": {

@@ -15,6 +15,7 @@ from typing import Any
 
 from kumiflow_django.http.errors import bad_request
 from kumiflow_django.models import WorkflowRun
+from kumiflow_django.projections.waiting_for import waiting_for
 
 #: The run list reads only these columns (the state and the trail can be large).
 SUMMARY_FIELDS = (
@@ -84,11 +85,18 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
         "attempt": run.attempt,
         "wake_at": timestamp(run.wake_at),
         "awaiting": {"event_type": run.awaited_event_type} if run.awaited_event_type else None,
+        "waiting_for": _waiting_for(run),
         "input": run.input,
         "result": run.result,
         "steps": {"results": state.get("steps") or {}, "trail": list(run.trail or [])},
         "error": error,
     }
+
+
+def _waiting_for(run: WorkflowRun) -> dict[str, Any] | None:
+    """The console's "waiting for task charge", as data (docs/concepts.md)."""
+    awaited = waiting_for(run)
+    return None if awaited is None else dict(awaited)
 
 
 def event_json(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -517,3 +517,26 @@ def test_a_start_and_an_event_carry_a_priority_and_a_bad_one_is_refused(api, reg
     assert WorkflowRun.objects.get(workflow="on-signup").priority == -5
     refused = api.post_json(f"{API}runs/", {"workflow": "report", "priority": 101})
     assert refused.status_code == 400
+
+
+def _charge(cents: int) -> int:
+    return cents
+
+
+def test_a_run_waiting_for_its_task_says_so_in_the_console_s_words(api, registry):
+    """Status waiting_event (the status set is unchanged), and waiting_for names the task."""
+    define_workflow("checkout", steps=[s.task("charge", _charge, args=[1999]), s.return_(1)])
+    run = start_workflow("checkout")
+    body = api.get(f"{API}runs/{run.pk}/").json()
+    assert (body["status"], body["awaiting"]) == (
+        "waiting_event",
+        {"event_type": "kumiflow.task.settled"},
+    )
+    assert body["waiting_for"] == {
+        "kind": "task",
+        "step": "charge",
+        "path": "0",
+        "event_type": "kumiflow.task.settled",
+        "id": run.awaited_match["stream_id"],
+        "text": "waiting for task charge",
+    }
