@@ -537,6 +537,6 @@ def test_a_run_waiting_for_its_task_says_so_in_the_console_s_words(api, registry
         "step": "charge",
         "path": "0",
         "event_type": "kumiflow.task.settled",
-        "id": run.awaited_match["stream_id"],
+        "id": (run.awaited_match or {})["stream_id"],
         "text": "waiting for task charge",
     }
