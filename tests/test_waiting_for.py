@@ -86,3 +86,27 @@ def test_an_event_wait_keeps_the_name_of_its_event(checkout, admin_client):
 def test_a_run_that_waits_for_nothing_has_no_waiting_for(registry):
     define_workflow("quick", steps=[s.return_("done")])
     assert waiting_for(start_workflow("quick")) is None
+
+
+def test_a_run_waiting_for_its_delivery_says_which_step(registry):
+    from kumiflow_django.models import Dispatch
+
+    define_workflow(
+        "notify",
+        steps=[
+            s.webhook_send(
+                url="https://hooks.example.com/orders", body={}, await_delivery=True, name="hook"
+            ),
+            s.return_("sent"),
+        ],
+    )
+    run = start_workflow("notify")
+    assert (run.status, run.awaited_event_type) == (RunStatus.WAITING_EVENT, ev.SETTLED)
+    awaited = waiting_for(run)
+    assert awaited is not None
+    assert (awaited["kind"], awaited["step"], awaited["id"], awaited["text"]) == (
+        "delivery",
+        "hook",
+        str(Dispatch.objects.get(run_id=run.pk).pk),
+        "waiting for delivery hook",
+    )

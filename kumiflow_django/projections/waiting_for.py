@@ -64,7 +64,7 @@ def waiting_for(run: WorkflowRun) -> WaitingFor | None:
     if run.awaited_event_type == ev.TASK_SETTLED:
         kind, what = "task", f"task {name or path}"
     elif run.awaited_event_type == ev.SETTLED:
-        kind, what = "delivery", f"the delivery of step {name or path}"
+        kind, what = "delivery", f"delivery {name}" if name else f"the delivery of step {path}"
     else:
         kind, what, stream = "event", f"event {run.awaited_event_type}", None
     return {

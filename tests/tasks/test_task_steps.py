@@ -67,8 +67,9 @@ def _open_transactions() -> int:
             )
         else:
             cursor.execute(
-                "SELECT count(*) FROM information_schema.INNODB_TRX "
-                "WHERE trx_mysql_thread_id <> CONNECTION_ID()"
+                "SELECT count(*) FROM information_schema.INNODB_TRX t "
+                "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                "WHERE p.DB = DATABASE() AND t.trx_mysql_thread_id <> CONNECTION_ID()"
             )
         return int(cursor.fetchone()[0])
 

@@ -63,7 +63,7 @@ class OneLineWarnings(logging.Formatter):
 def one_line_warnings() -> Iterator[None]:
     """For the demo command only: its intended failure is a line, not a traceback."""
     handlers = [*logging.getLogger("kumiflow_django").handlers, *logging.getLogger().handlers]
-    saved = [(h, h.formatter) for h in handlers]
+    saved = [(h, h.formatter) for h in dict.fromkeys(handlers)]  # each handler once
     for handler, formatter in saved:
         handler.setFormatter(OneLineWarnings(formatter))
     try:
@@ -99,7 +99,9 @@ class Command(BaseCommand):
         with (
             one_line_warnings(),
             override_settings(**story_mail()),
+            contextlib.ExitStack() as done,
         ):
+            done.callback(setattr, StoryBackend, "tell", None)
             with (
                 virtual_clock(start) as clock,
                 DemoReceiver(settings.KUMIFLOW_WEBHOOK_SECRETS["crm"]) as crm,
@@ -112,7 +114,6 @@ class Command(BaseCommand):
                     runs = self.story(clock, crm)
             self.timelines(runs, start)
             leftovers = self.leftovers()
-        StoryBackend.tell = None
         self.footer(runs, leftovers)
 
     # -- the story ----------------------------------------------------------
