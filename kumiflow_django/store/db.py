@@ -226,13 +226,17 @@ def replica_lag(using: str) -> float | None:
     A connection error is raised: the replica is unreachable.
 
     PostgreSQL: the age of the last transaction it replayed while WAL is still
-    waiting to be replayed; MariaDB: ``Seconds_Behind_Master``."""
+    waiting to be replayed or it does not stream; MariaDB: ``Seconds_Behind_Master``."""
     conn = connections[using]
     if conn.vendor == "postgresql":
         with conn.cursor() as cursor:
+            # 0 only while it streams and has replayed all it received; else the
+            # age of its last replayed transaction (too high on an idle primary:
+            # a page then says it may be staler than it is, never fresher)
             cursor.execute(
                 "SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL"
-                " WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0"
+                " WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() AND EXISTS"
+                " (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming') THEN 0"
                 " ELSE EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()) END"
             )
             row = cursor.fetchone()
