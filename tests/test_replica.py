@@ -25,7 +25,7 @@ from kumiflow_django import steps as s
 from kumiflow_django.checks import read_database_errors
 from kumiflow_django.http.tokens import API_PERMISSIONS, create_token
 from kumiflow_django.models import RunStatus, WorkflowRun
-from kumiflow_django.routers import LAG_HEADER, SERVED_FROM_HEADER, ReplicaRouter
+from kumiflow_django.routers import LAG_HEADER, SERVED_FROM_HEADER, ReplicaRouter, is_engine_model
 from kumiflow_django.store import db
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "replica"])
@@ -82,6 +82,18 @@ def writes(captured: CaptureQueriesContext) -> list[str]:
         for q in captured.captured_queries
         if q["sql"].lstrip().upper().startswith(WRITES) or "FOR UPDATE" in q["sql"].upper()
     ]
+
+
+def engine_tables() -> set[str]:
+    from django.apps import apps
+
+    return {m._meta.db_table for m in apps.get_models() if is_engine_model(m)}
+
+
+def engine_queries(captured: CaptureQueriesContext) -> list[str]:
+    """The queries of ``captured`` that read or write kumiflow-django's tables."""
+    tables = engine_tables()
+    return [q["sql"] for q in captured.captured_queries if any(t in q["sql"] for t in tables)]
 
 
 def staff_client() -> Client:
@@ -143,12 +155,14 @@ def test_the_console_and_the_api_read_the_replica_and_act_on_the_primary(replica
     pages = [
         (staff, reverse("admin:kumiflow_workflowrun_changelist")),
         (staff, reverse("admin:kumiflow_workflowrun_change", args=[run.pk])),
+        (staff, reverse("admin:kumiflow_overview")),  # its counts are raw SQL
         (api, f"{API}runs/"),
         (api, f"{API}runs/{run.pk}/"),
     ]
     for client, url in pages:
-        with queries("replica") as on_replica:
+        with queries("replica") as on_replica, queries("default") as on_primary:
             response = client.get(url)
+        assert engine_queries(on_primary) == [], url  # sessions, users, tokens only
         assert response.status_code == 200, url
         assert response[SERVED_FROM_HEADER] == "replica", url
         assert response[LAG_HEADER] == "unknown", url  # a mirror is not a standby

@@ -23,6 +23,7 @@ import contextvars
 from collections.abc import Iterator
 
 from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store.db import alias
@@ -73,6 +74,11 @@ def read_alias() -> str:
     if replica is None or not _marked.get() or connections[primary].in_atomic_block:
         return primary
     return replica
+
+
+def read_connection() -> BaseDatabaseWrapper:
+    """The connection of :func:`read_alias`: for the raw SQL of a page's reads."""
+    return connections[read_alias()]
 
 
 def marked() -> bool:
