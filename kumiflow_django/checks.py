@@ -596,6 +596,17 @@ def read_database_errors(
                 id="kumiflow.W070",
             )
         ]
+    if (databases.get(primary) or {}).get("ATOMIC_REQUESTS"):
+        return [
+            checks.Warning(
+                f"KUMIFLOW_READ_DATABASE is {replica_alias!r} but {primary!r} has "
+                "ATOMIC_REQUESTS: every request is a transaction of the primary, and "
+                "reads inside one stay there, so nothing reads the replica.",
+                hint="Turn ATOMIC_REQUESTS off, or decorate the console's and the "
+                "API's views with non_atomic_requests.",
+                id="kumiflow.W071",
+            )
+        ]
     return []
 
 

@@ -184,6 +184,23 @@ def test_the_console_and_the_api_read_the_replica_and_act_on_the_primary(replica
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.CANCELLED
 
 
+@routed
+def test_a_replica_that_does_not_answer_is_passed_over(replica, waiter, monkeypatch, caplog):
+    from django.db import OperationalError
+
+    def gone(using: str) -> float:
+        raise OperationalError(f"{using}: connection refused")
+
+    monkeypatch.setattr(db, "replica_lag", gone)
+    run = start_workflow("parcel")
+    with queries("replica") as on_replica:
+        response = api_client().get(f"{API}runs/{run.pk}/")
+    assert response.status_code == 200 and response.json()["id"] == str(run.pk)
+    assert SERVED_FROM_HEADER not in response  # served from the primary
+    assert len(on_replica) == 0
+    assert "replica replica cannot serve reads" in caplog.text
+
+
 def response_text(client: Client, url: str) -> str:
     return client.get(url).content.decode()
 
@@ -202,3 +219,5 @@ def test_the_checks_name_what_is_missing(replica):
     assert ids("replica", databases, "default", [], middleware) == ["kumiflow.E071"]
     assert ids("replica", databases, "default", [router], []) == ["kumiflow.W070"]
     assert ids("replica", databases, "default", [ReplicaRouter()], middleware) == []
+    atomic = {**databases, "default": {"ATOMIC_REQUESTS": True}}
+    assert ids("replica", atomic, "default", [router], middleware) == ["kumiflow.W071"]
