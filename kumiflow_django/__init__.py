@@ -106,10 +106,13 @@ _EXPORTS: dict[str, str] = {
     "PermanentFailure": "kumiflow_django.store.errors",
     "StaleVersion": "kumiflow_django.store.errors",
     "OperationConflict": "kumiflow_django.store.errors",
+    # reads on a replica (kumiflow_django.routers)
+    "replica_reads": "kumiflow_django.store.replica",
 }
 
 __all__ = [
     "KumiflowDeprecationWarning",
+    "replica_reads",
     "ResolverContext",
     "__version__",
     "wake_run",

@@ -20,7 +20,7 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import Step, path_text, walk
 from kumiflow_django.definition.workflow import Workflow, child_cycle
 from kumiflow_django.observability import LIBRARIES, available
-from kumiflow_django.store import db
+from kumiflow_django.store import db, replica
 
 
 def _positive_int(v: Any) -> bool:
@@ -536,6 +536,78 @@ def stall_warnings(databases: Mapping[str, Any], alias: str) -> list[checks.Chec
             )
         )
     return found
+
+
+@checks.register()
+def check_read_database(**kwargs: Any) -> list[checks.CheckMessage]:
+    """A replica for the console's and the API's reads only works with the
+    router and the middleware of ``kumiflow_django.routers``; without the
+    router, reads stay on the primary (and nothing writes to the replica)."""
+    return read_database_errors(
+        settings.READ_DATABASE,
+        django_settings.DATABASES,
+        str(settings.DATABASE),
+        list(getattr(django_settings, "DATABASE_ROUTERS", [])),
+        list(getattr(django_settings, "MIDDLEWARE", None) or []),
+    )
+
+
+ROUTER = "kumiflow_django.routers.ReplicaRouter"
+MIDDLEWARE = "kumiflow_django.routers.ReplicaReadsMiddleware"
+
+
+def read_database_errors(
+    replica_alias: Any,
+    databases: Mapping[str, Any],
+    primary: str,
+    routers: list[Any],
+    middleware: list[str],
+) -> list[checks.CheckMessage]:
+    if replica_alias is None:
+        return []
+    if (
+        not isinstance(replica_alias, str)
+        or replica_alias not in databases
+        or replica_alias == primary
+    ):
+        return [
+            checks.Error(
+                f"KUMIFLOW_READ_DATABASE must be None or an alias of DATABASES other "
+                f"than KUMIFLOW_DATABASE ({primary!r}), not {replica_alias!r}.",
+                id="kumiflow.E070",
+            )
+        ]
+    if not any(r == ROUTER or getattr(r, replica.ROUTER_FLAG, False) for r in routers):
+        return [
+            checks.Error(
+                f"KUMIFLOW_READ_DATABASE is {replica_alias!r} but DATABASE_ROUTERS does not "
+                f"list {ROUTER!r}: every read stays on the primary.",
+                hint=f'DATABASE_ROUTERS = ["{ROUTER}", ...] (docs/scaling.md).',
+                id="kumiflow.E071",
+            )
+        ]
+    if MIDDLEWARE not in middleware:
+        return [
+            checks.Warning(
+                f"KUMIFLOW_READ_DATABASE is {replica_alias!r} but MIDDLEWARE does not list "
+                f"{MIDDLEWARE!r}: no request is marked as one that may read the replica.",
+                hint="Add it to MIDDLEWARE, or mark reads with "
+                "kumiflow_django.replica_reads() yourself.",
+                id="kumiflow.W070",
+            )
+        ]
+    if (databases.get(primary) or {}).get("ATOMIC_REQUESTS"):
+        return [
+            checks.Warning(
+                f"KUMIFLOW_READ_DATABASE is {replica_alias!r} but {primary!r} has "
+                "ATOMIC_REQUESTS: every request is a transaction of the primary, and "
+                "reads inside one stay there, so nothing reads the replica.",
+                hint="Turn ATOMIC_REQUESTS off, or decorate the console's and the "
+                "API's views with non_atomic_requests.",
+                id="kumiflow.W071",
+            )
+        ]
+    return []
 
 
 #: Step kinds whose ``model`` argument names a Django model.

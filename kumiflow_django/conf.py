@@ -53,6 +53,9 @@ class KumiflowSettings:
     #: The ``DATABASES`` alias of the worker's one LISTEN connection (PostgreSQL),
     #: when ``DATABASE`` goes through a transaction-pooling PgBouncer; None: ``DATABASE``.
     LISTEN_DATABASE: str | None = None
+    #: The ``DATABASES`` alias of a read replica that serves the admin's kumiflow
+    #: pages and the HTTP API's reads (with ``kumiflow_django.routers``); None: no replica.
+    READ_DATABASE: str | None = None
     #: Default retry policy of outbox deliveries.
     DISPATCH_RETRY: Mapping[str, Any] = MappingProxyType(
         {"attempts": 8, "backoff": "exponential", "base": 10.0, "max_delay": 3600.0, "jitter": 0.1}

@@ -27,7 +27,8 @@ LATE_IMPORTS = {
 }
 
 #: What may sit at the root of the package (besides subpackages).
-ROOT_MODULES = {"__init__", "apps", "checks", "conf", "signals", "testing"}
+#: (``routers``: Django's name for a module of database routers, named in settings.)
+ROOT_MODULES = {"__init__", "apps", "checks", "conf", "routers", "signals", "testing"}
 
 
 def modules() -> dict[str, Path]:

@@ -182,6 +182,10 @@ def cleanup() -> None:
             found.append(int(pidfile.read_text().split()[0]))
     for pid in found:
         if ours(pid):
+            # the recorded pids lead a session each (runuser, then Patroni, its
+            # child): the whole group goes, or an orphaned Patroni lives on
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
     shutil.rmtree(BASE, ignore_errors=True)

@@ -12,7 +12,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
-from django.http import Http404, HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -114,6 +114,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """A page that only shows reads outside a transaction, as Django 6.1
+        does for GET (older versions may open one on the primary for every
+        method), so that it may read a replica (``kumiflow_django.routers``)."""
+        if request.method in ("GET", "HEAD"):
+            show = self._changeform_view  # type: ignore[attr-defined]
+            return show(request, object_id, form_url, extra_context)  # type: ignore[no-any-return]
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return CheckedChangeList

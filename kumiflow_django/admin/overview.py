@@ -38,7 +38,7 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
-from kumiflow_django.store import clock, db, leases
+from kumiflow_django.store import clock, db, leases, replica
 
 #: Counts stop here: an exact count of a million rows is a scan.
 CAP = 10_000
@@ -78,13 +78,13 @@ def capped_counts(querysets: Sequence[QuerySet[Any, Any]]) -> list[int]:
     """The rows of each queryset, each counted up to CAP + 1, in one statement."""
     if not querysets:
         return []
-    connection = db.connection()
+    connection = replica.read_connection()  # a page's reads: the replica if marked
     parts, params = [], []
     for i, qs in enumerate(querysets):
         # A constant, not the key: the count reads the index alone (a covering
         # scan), never the table's rows.
         inner = qs.order_by().annotate(kf_one=Value(1)).values("kf_one")[: CAP + 1]
-        sql, inner_params = inner.query.get_compiler(using=db.alias()).as_sql()
+        sql, inner_params = inner.query.get_compiler(connection=connection).as_sql()
         parts.append(f"SELECT {i} AS k, COUNT(*) AS n FROM ({sql}) kf{i}")  # noqa: S608
         params.extend(inner_params)
     counts = [0] * len(querysets)
@@ -145,7 +145,7 @@ def equal_counts(conditions: Sequence[dict[str, str]]) -> list[int]:
     ORM: compiling a hundred querysets costs more than running them)."""
     if not conditions:
         return []
-    connection = db.connection()
+    connection = replica.read_connection()
     parts: list[str] = []
     params: list[str] = []
     for i, condition in enumerate(conditions):
@@ -201,7 +201,7 @@ def interval_counts(
     interval is a count over an index range (``started_at``, or ``(status,
     finished_at)``): no function of a row is computed, no row is read, and all
     of them are one statement."""
-    connection = db.connection()
+    connection = replica.read_connection()
     table = _table()
     status_column = _column("status")
     adapt = connection.ops.adapt_datetimefield_value

@@ -179,4 +179,6 @@ def api_view(methods: dict[str, Endpoint]) -> Callable[..., HttpResponse]:
             return error.response()
         return json_response(status, data)
 
+    # its GET and HEAD may be served from a read replica (kumiflow_django.routers)
+    view.replica_readable = True  # type: ignore[attr-defined]
     return view

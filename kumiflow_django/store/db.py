@@ -219,6 +219,45 @@ def session_limits(connection: BaseDatabaseWrapper, seconds: float) -> list[str]
     return []
 
 
+def replica_lag(using: str) -> float | None:
+    """How far the replica of alias ``using`` is behind its primary, in seconds
+    (0.0: it has replayed everything it received); None when it cannot tell
+    (not a standby, another database, a replica without the privilege to ask).
+    A connection error is raised: the replica is unreachable.
+
+    PostgreSQL: the age of the last transaction it replayed while WAL is still
+    waiting to be replayed or it does not stream; MariaDB: ``Seconds_Behind_Master``."""
+    conn = connections[using]
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cursor:
+            # 0 only while it streams and has replayed all it received; else the
+            # age of its last replayed transaction (too high on an idle primary:
+            # a page then says it may be staler than it is, never fresher)
+            cursor.execute(
+                "SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL"
+                " WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() AND EXISTS"
+                " (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming') THEN 0"
+                " ELSE EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()) END"
+            )
+            row = cursor.fetchone()
+        return None if row is None or row[0] is None else max(0.0, float(row[0]))
+    if conn.vendor == "mysql":
+        with conn.cursor() as cursor:
+            try:
+                cursor.execute("SHOW SLAVE STATUS")
+            except (InterfaceError, DatabaseError) as exc:
+                if is_transient(exc):
+                    raise
+                return None  # no privilege to ask: the lag is unknown
+            names = [column[0] for column in cursor.description or ()]
+            row = cursor.fetchone()
+        if row is None or "Seconds_Behind_Master" not in names:
+            return None
+        value = row[names.index("Seconds_Behind_Master")]
+        return None if value is None else float(value)
+    return None
+
+
 def erasure_permit_sql(using: Using = None) -> tuple[str, str, bool] | None:
     """The statements that open and close the log's erasure permit on this
     connection, and whether a rollback closes it too (PostgreSQL's setting is

@@ -16,19 +16,22 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from kumiflow_django.store import limits
+from kumiflow_django.store import limits, replica
 from kumiflow_django.store.db import alias
 from kumiflow_django.store.errors import ImmutableEvent
 
 
 class EngineManager[M: models.Model](models.Manager[M]):
-    """Reads and writes go to ``KUMIFLOW_DATABASE`` unless told ``using()``."""
+    """Reads and writes go to ``KUMIFLOW_DATABASE`` unless told ``using()``; in
+    a replica-readable request (``store/replica.py``) the router decides, so
+    that reads may go to the replica and writes still to the primary."""
 
     def get_queryset(self) -> models.QuerySet[M, M]:
         # What Manager.get_queryset() does, with the database chosen here (no clone).
         hints = self._hints  # type: ignore[attr-defined]
+        using = self._db or (None if replica.routed() else alias())
         return self._queryset_class(  # type: ignore[attr-defined,no-any-return]
-            model=self.model, using=self._db or alias(), hints=hints
+            model=self.model, using=using, hints=hints
         )
 
 
