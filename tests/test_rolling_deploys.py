@@ -15,7 +15,7 @@ from kumiflow_django import steps as s
 from kumiflow_django.definition import serving
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import unserved
-from kumiflow_django.models import Event, RunStatus, WorkerProcess
+from kumiflow_django.models import RunStatus, WorkerProcess
 from kumiflow_django.workers.resume import ResumeLoop
 from tests.helpers import only_run, types
 
