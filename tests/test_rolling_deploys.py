@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 from django.test import override_settings
+from django.urls import reverse
 
 from kumiflow_django import append_event, define_workflow, on_event
 from kumiflow_django import steps as s
+from kumiflow_django.admin import overview
 from kumiflow_django.definition import serving
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import unserved
@@ -187,3 +189,26 @@ def test_an_inline_wake_leaves_the_run_due_for_a_worker_that_has_it(registry, cl
     assert resume_all() == 1
     run.refresh_from_db()
     assert (run.status, run.result) == (RunStatus.COMPLETED, "new")
+
+
+def test_the_console_shows_the_runs_that_wait_for_a_definition(newer_run, admin_client, clock):
+    old, new, run = newer_run
+    clock.advance(minutes=1)
+    serving.beat("old-worker", started_at=clock.now())
+    assert overview.backlog(clock.now())["unserved"].value == 1
+    page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
+    assert f"Waits for a worker with definition {new.fingerprint[:12]} of" in page.text
+    listed = admin_client.get(
+        reverse("admin:kumiflow_workflowrun_changelist") + "?attention=definition"
+    ).context["cl"]
+    assert [r.pk for r in listed.result_list] == [run.pk]
+    workers = admin_client.get(reverse("admin:kumiflow_workerprocess_changelist"))
+    assert "old-worker" in workers.text and old.fingerprint[:12] in workers.text
+
+    serving.beat("new-worker", started_at=clock.now())
+    WorkerProcess.objects.filter(pk="new-worker").update(
+        definitions=[{"workflow": "signup", "version": "", "fingerprint": new.fingerprint}]
+    )
+    assert overview.backlog(clock.now())["unserved"].value == 0
+    page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
+    assert "Waits for a worker" not in page.text

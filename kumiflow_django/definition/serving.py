@@ -52,9 +52,9 @@ class WorkerProcess(models.Model):
     #: registered version; ``current`` marks the one that starts new runs.
     definitions = models.JSONField(_("definitions served"), default=list)
 
-    objects: ClassVar[models.QuerySet[WorkerProcess, WorkerProcess]] = (
-        EngineManager.from_queryset(models.QuerySet)()  # type: ignore[assignment]
-    )
+    objects: ClassVar[models.QuerySet[WorkerProcess, WorkerProcess]] = EngineManager.from_queryset(
+        models.QuerySet
+    )()  # type: ignore[assignment]
 
     class Meta:
         verbose_name = _("worker process")

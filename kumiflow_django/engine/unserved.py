@@ -123,8 +123,9 @@ def _fail(run_id: uuid.UUID, before: datetime, served: Served) -> WorkflowRun | 
         failure = Failure(
             ev.DEFINITION_NOT_SERVED,
             f"No live worker process served {describe(run)} (fingerprint {run.fingerprint}) "
-            f"for {settings.UNKNOWN_DEFINITION_GRACE:g}s after run {run.id} became due. Deploy a worker with that definition, or keep it "
-            "registered with its version=, then retry the run.",
+            f"for {settings.UNKNOWN_DEFINITION_GRACE:g}s after run {run.id} became due. "
+            "Deploy a worker with that definition, or keep it registered with its "
+            "version=, then retry the run.",
         )
         logger.warning("run %s: %s", run.id, failure.error, extra=run_log_fields(run))
         return Opening(run.id, run.tenant_id, run, first=[], failure=failure)

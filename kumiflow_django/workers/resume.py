@@ -31,8 +31,8 @@ from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
 
 from kumiflow_django.conf import settings
-from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition import serving
+from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.engine import unserved
 from kumiflow_django.engine.admission import StrandedSweep
 from kumiflow_django.engine.resuming import resume_run
