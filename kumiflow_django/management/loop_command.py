@@ -148,11 +148,16 @@ class LoopCommand(BaseCommand):
             raise CommandError(f"the {loop.name} loop ended unasked")
 
 
-def run_until_signalled(run: Callable[[], None], stop: Callable[[], None]) -> None:
+def run_until_signalled(
+    run: Callable[[], None], stop: Callable[[], None], *, signals: bool = True
+) -> None:
     """Run a loop (or the worker) the way every command does: idle transactions
-    limited to the lease, signals handled, PostgreSQL notifications relayed."""
+    limited to the lease, signals handled, PostgreSQL notifications relayed.
+    ``signals=False``: outside the main thread (under the autoreloader), where
+    the caller stops it another way."""
     limit_idle_transactions(settings.LEASE_SECONDS)
-    install_signal_handlers(stop)
+    if signals:
+        install_signal_handlers(stop)
     listener = PgListener() if db.supports_listen() else None
     if listener is not None:
         listener.start()
