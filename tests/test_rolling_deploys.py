@@ -14,6 +14,7 @@ from django.urls import reverse
 from kumiflow_django import append_event, define_workflow, on_event
 from kumiflow_django import steps as s
 from kumiflow_django.admin import overview
+from kumiflow_django.checks import check_settings
 from kumiflow_django.definition import serving
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import unserved
@@ -212,3 +213,25 @@ def test_the_console_shows_the_runs_that_wait_for_a_definition(newer_run, admin_
     assert overview.backlog(clock.now())["unserved"].value == 0
     page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
     assert "Waits for a worker" not in page.text
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "check_id"),
+    [
+        ("KUMIFLOW_WORKER_STALE_SECONDS", 0, "kumiflow.E070"),
+        ("KUMIFLOW_WORKER_STALE_SECONDS", "60", "kumiflow.E070"),
+        ("KUMIFLOW_UNKNOWN_DEFINITION_GRACE", None, "kumiflow.E071"),
+        ("KUMIFLOW_UNKNOWN_DEFINITION_GRACE", -1, "kumiflow.E071"),
+    ],
+)
+def test_the_deploy_settings_are_checked(settings, setting, value, check_id):
+    setattr(settings, setting, value)
+    assert check_id in [e.id for e in check_settings()]
+
+
+def test_the_staleness_defaults_to_the_lease(settings):
+    settings.KUMIFLOW_LEASE_SECONDS = 30
+    assert (serving.stale_after(), serving.heartbeat_interval()) == (30, 10)
+    settings.KUMIFLOW_WORKER_STALE_SECONDS = 90
+    assert serving.stale_after() == 90
+    assert not [e for e in check_settings() if e.id in ("kumiflow.E070", "kumiflow.E071")]
