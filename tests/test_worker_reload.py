@@ -44,7 +44,8 @@ def test_a_changed_file_restarts_the_worker():
         wait_for(restarted, 60, "the worker to restart")
         [second] = _worker_pids()
         assert second != first
-        assert output(proc).count("resume loop started") == 2
+        # The row is written before the loops start: wait for the second start.
+        wait_for(lambda: output(proc).count("resume loop started") == 2, 60, "the loops again")
     finally:
         for pid in _worker_pids():
             os.kill(pid, signal.SIGTERM)  # the child: it stops cleanly, then the reloader exits
