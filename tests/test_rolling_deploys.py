@@ -19,6 +19,7 @@ from kumiflow_django.definition import serving
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import unserved
 from kumiflow_django.models import RunStatus, WorkerProcess
+from kumiflow_django.store import clock as store_clock
 from kumiflow_django.workers.resume import ResumeLoop
 from tests.helpers import only_run, types
 
@@ -46,8 +47,8 @@ def another_worker(worker_id, *workflows):
         worker_id=worker_id,
         host="elsewhere",
         pid=1,
-        started_at=serving.clock.now(),
-        last_seen=serving.clock.now(),
+        started_at=store_clock.now(),
+        last_seen=store_clock.now(),
         definitions=[
             {"workflow": w.name, "version": "", "fingerprint": w.fingerprint, "current": True}
             for w in workflows

@@ -26,7 +26,9 @@ def test_a_changed_file_restarts_the_worker():
         "kumiflow_worker", "--reload", "--no-cron", "--no-dispatch", "--max-interval", "0.2"
     )
     try:
-        wait_for(lambda: proc.poll() is not None or _worker_pids(), 60, "the worker's heartbeat")
+        wait_for(
+            lambda: proc.poll() is not None or bool(_worker_pids()), 60, "the worker's heartbeat"
+        )
         assert proc.poll() is None, output(proc)
         [first] = _worker_pids()
         assert first != proc.pid, "the worker runs in the child the reloader restarts"

@@ -241,7 +241,6 @@ if settings.SHOP_BROKEN_CRON:
     define_workflow("broken-cron", trigger=on_cron("61 25 * * *"), steps=[])
 
 
-
 def rolling_deploy(release):
     """Two releases of one workflow, as a rolling deploy runs them side by side:
     release "b" has one more step. The result names the process that ran the
