@@ -108,3 +108,20 @@ def test_old_and_new_workers_side_by_side_fail_nothing():
             mine = run.fingerprint == fingerprint[release]
             waits = 2 if release == "b" else 1
             assert log.count(f"run {run.pk} of rolling-deploy resumed") == (waits if mine else 0)
+
+
+def test_kumiflow_resume_announces_what_it_serves_too():
+    proc = spawn("kumiflow_resume", "--max-interval", "0.2", env={"SHOP_RELEASE": "b"})
+    try:
+        wait_for(
+            lambda: proc.poll() is not None or WorkerProcess.objects.filter(pid=proc.pid).exists(),
+            60,
+            "the resume process's heartbeat row",
+        )
+        with registry.isolated():
+            new = rolling_deploy("b").fingerprint
+        assert new in WorkerProcess.objects.get(pid=proc.pid).fingerprints
+    finally:
+        codes = stop([proc])
+    assert codes == [0], output(proc)
+    assert not WorkerProcess.objects.exists()
