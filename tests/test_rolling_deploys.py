@@ -18,6 +18,7 @@ from kumiflow_django.checks import check_settings
 from kumiflow_django.definition import serving
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.engine import unserved
+from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.models import RunStatus, WorkerProcess
 from kumiflow_django.store import clock as store_clock
 from kumiflow_django.workers.resume import ResumeLoop
@@ -236,3 +237,15 @@ def test_the_staleness_defaults_to_the_lease(settings):
     settings.KUMIFLOW_WORKER_STALE_SECONDS = 90
     assert serving.stale_after() == 90
     assert not [e for e in check_settings() if e.id in ("kumiflow.E070", "kumiflow.E071")]
+
+
+def test_a_resume_outside_the_worker_leaves_a_run_it_cannot_run(newer_run, clock):
+    """A Django Tasks wake-up (or any caller of resume_run) in a process of the
+    old release: nothing happens to the run, it stays due."""
+    old, new, run = newer_run
+    clock.advance(minutes=1)
+    before = types(run)
+    assert resume_run(run.id) is None
+    run.refresh_from_db()
+    assert (run.status, types(run)) == (RunStatus.WAITING, before)
+    assert run.wake_at is not None and run.wake_at <= clock.now()
