@@ -58,11 +58,16 @@ fmt: venv
 
 # The development server, styled: DEBUG=true makes runserver serve the
 # admin's static files (the testproject's DEBUG is off unless asked for).
+# A worker runs beside it; both restart when the code changes. Ctrl-C reaches
+# both: the shell waits for the worker to finish the work at hand.
 SERVE_ADDR ?= 127.0.0.1:8000
 serve: demo-venv
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py demo --superuser-only
-	DEBUG=true $(PY) manage.py runserver $(SERVE_ADDR)
+	@$(PY) manage.py kumiflow_worker --reload & worker=$$!; \
+	trap 'wait $$worker' INT; \
+	DEBUG=true $(PY) manage.py runserver $(SERVE_ADDR); status=$$?; \
+	kill -TERM $$worker 2>/dev/null; wait $$worker; exit $$status
 
 # BENCH_ARGS="--peer dbos" adds DBOS Transact (installed into .venv on demand).
 BENCH_ARGS ?=

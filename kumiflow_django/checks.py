@@ -123,6 +123,16 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "RESUME_BATCH_SIZE": ("kumiflow.E004", _positive_int, "a positive integer"),
     "MAX_INTERVAL": ("kumiflow.E005", _positive_number, "a positive number of seconds"),
     "LEASE_SECONDS": ("kumiflow.E006", _positive_number, "a positive number of seconds"),
+    "WORKER_STALE_SECONDS": (
+        "kumiflow.E072",
+        lambda v: v is None or _positive_number(v),
+        "None (the lease) or a positive number of seconds",
+    ),
+    "UNKNOWN_DEFINITION_GRACE": (
+        "kumiflow.E073",
+        _positive_number,
+        "a positive number of seconds",
+    ),
     "DISPATCH_RETRY": (
         "kumiflow.E007",
         _retry_policy,

@@ -41,6 +41,14 @@ class KumiflowSettings:
     #: another worker takes it over; also the database's idle-in-transaction limit
     #: of worker connections on PostgreSQL and MariaDB.
     LEASE_SECONDS: float = 60.0
+    #: Seconds after which a worker process that sent no heartbeat counts as
+    #: gone: the definitions it served are no longer served (its row is pruned).
+    #: None: LEASE_SECONDS. It beats every third of this.
+    WORKER_STALE_SECONDS: float | None = None
+    #: Seconds a due run may wait for a worker that has its definition (its
+    #: fingerprint, served by no live worker process) before it fails with
+    #: ``workflow_definition_not_served``, naming the missing definition.
+    UNKNOWN_DEFINITION_GRACE: float = 3600.0
     #: Longest wait for a lock of a transaction kumiflow-django opens itself, in
     #: seconds (PostgreSQL ``lock_timeout``; MariaDB workers'
     #: ``innodb_lock_wait_timeout``): a worker cut off while it waits frees its

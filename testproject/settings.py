@@ -179,3 +179,6 @@ KUMIFLOW_SSE_HEARTBEAT = env.float("KUMIFLOW_SSE_HEARTBEAT", default=15.0)
 SHOP_CRON_EVERY_SECOND = env.bool("SHOP_CRON_EVERY_SECOND", default=False)
 SHOP_BROKEN_CRON = env.bool("SHOP_BROKEN_CRON", default=False)
 SHOP_POISON = env.bool("SHOP_POISON", default=False)
+# Only for the rolling-deploy test: which release of ``rolling-deploy`` this
+# process registers ("a" or "b"; empty: none).
+SHOP_RELEASE = env.str("SHOP_RELEASE", default="")

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kumiflow_django import append_event, cancel_run, define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.checks import check_settings
+from kumiflow_django.definition import serving
 from kumiflow_django.models import Dispatch, RunStatus, WorkflowRun
 from kumiflow_django.observability import metrics
 from kumiflow_django.observability.metrics import DatabaseCollector, MetricsServer
@@ -230,8 +231,13 @@ def test_the_gauges_are_read_from_the_database_at_scrape_time(registry, registry
     assert value(registry_, "kumiflow_outbox_due") == 1
     assert value(registry_, "kumiflow_database_up") == 1
 
+    assert value(registry_, "kumiflow_runs_waiting_for_definition") == 0
     clock.advance(hours=3)  # no worker ran: the three naps are due, two hours late
     assert value(registry_, "kumiflow_runs_due") == 3
+    # ...and no live worker process serves their definition (none has a heartbeat)
+    assert value(registry_, "kumiflow_runs_waiting_for_definition") == 3
+    serving.beat("a-worker")  # this process's definitions: now served
+    assert value(registry_, "kumiflow_runs_waiting_for_definition") == 0
     assert value(registry_, "kumiflow_runs_oldest_due_age_seconds") == 7200
     assert value(registry_, "kumiflow_outbox_oldest_due_age_seconds") == 3 * 3600
 
@@ -314,9 +320,16 @@ def test_the_gauge_queries_read_indexes_not_the_tables():
         ),
         "kumiflow_dispatch": ("kumiflow_dispatch_due_idx", "kumiflow_dispatch_status_idx"),
     }
-    assert len(captured.captured_queries) == 6
+    # The heartbeat rows (one per worker process: a table this small is read
+    # whole) say which runs wait for a definition: the seventh query reads the
+    # due range once more.
+    heartbeats = [q for q in captured.captured_queries if "kumiflow_workerprocess" in q["sql"]]
+    assert len(heartbeats) == 1
+    assert len(captured.captured_queries) == 8
     for query in captured.captured_queries:
         sql = query["sql"]
+        if query in heartbeats:
+            continue
         table = "kumiflow_workflowrun" if "kumiflow_workflowrun" in sql else "kumiflow_dispatch"
         plan = explain(sql)
         assert any(index in plan for index in indexes[table]), f"{sql}\n{plan}"

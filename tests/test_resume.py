@@ -11,6 +11,7 @@ from django.db import connection
 
 from kumiflow_django import append_event, define_workflow, erase_stream, on_event, start_workflow
 from kumiflow_django import steps as s
+from kumiflow_django.engine import unserved
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
 from kumiflow_django.testing import run_until_idle
@@ -83,14 +84,20 @@ def test_a_run_continues_on_its_own_version_while_that_is_registered(registry, c
     ]
 
 
-def test_an_unregistered_workflow_fails_with_its_own_reason(registry, clock):
+def test_a_run_of_a_workflow_no_worker_has_waits_then_fails_naming_it(registry, clock):
+    """A rolling deploy that adds a workflow: its runs wait for a worker that has
+    it, for KUMIFLOW_UNKNOWN_DEFINITION_GRACE, then fail with the reason."""
     define_workflow("gone", trigger=on_event("go"), steps=[s.wait("PT1M")])
     append_event("g", "go")
     registry.unregister("gone")
     clock.advance(minutes=1)
-    resume_all()
+    assert resume_all() == 0
+    assert only_run().status == RunStatus.WAITING
+    clock.advance(seconds=3600)
+    assert unserved.fail_overdue() == 1
     run = only_run()
-    assert (run.status, run.reason) == (RunStatus.FAILED, "workflow_not_registered")
+    assert (run.status, run.reason) == (RunStatus.FAILED, "workflow_definition_not_served")
+    assert '"gone"' in run.last_error
 
 
 def test_a_lost_claim_is_a_silent_skip_and_a_stale_row_never_resumes_twice_B25(registry, clock):

@@ -16,6 +16,7 @@ from kumiflow_django.admin.events import EventAdmin
 from kumiflow_django.admin.flow import FlowKeyAdmin, FlowLimitAdmin, RateBucketAdmin
 from kumiflow_django.admin.runs import WorkflowRunAdmin
 from kumiflow_django.admin.schedules import CronScheduleAdmin
+from kumiflow_django.admin.workers import WorkerProcessAdmin
 
 __all__ = [
     "CronScheduleAdmin",
@@ -24,5 +25,6 @@ __all__ = [
     "FlowKeyAdmin",
     "FlowLimitAdmin",
     "RateBucketAdmin",
+    "WorkerProcessAdmin",
     "WorkflowRunAdmin",
 ]

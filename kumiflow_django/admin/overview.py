@@ -35,6 +35,7 @@ from django.utils import timezone
 from kumiflow_django.admin.charts import Bar, bars
 from kumiflow_django.admin.display import when
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.engine import unserved
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
@@ -327,7 +328,7 @@ def backlog(now: datetime) -> dict[str, Any]:
     """Runs due now (their wake time has come), and how late they are; all
     from the ``wake_at`` index (its range up to now)."""
     due = WorkflowRun.objects.filter(wake_at__lte=now).order_by("wake_at")
-    [count] = capped_counts([due])
+    count, unserved_count = capped_counts([due, unserved.waiting(now)])
     oldest = due.values_list("wake_at", flat=True).first()
     median = due.values_list("wake_at", flat=True)[min(count, CAP) // 2] if count else None
     held = due.values_list("lease_owner", "lease_until")[:STALLED_WINDOW]
@@ -338,6 +339,7 @@ def backlog(now: datetime) -> dict[str, Any]:
         "median_lateness": _age(median, now),
         "stalled": Figure(stalled, runs_url(attention="stalled")),
         "stalled_window": STALLED_WINDOW,
+        "unserved": _figure(unserved_count, runs_url(attention="definition")),
     }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.urls import reverse
@@ -30,7 +31,7 @@ from kumiflow_django.admin.timeline import Line, lines, stream_url
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import outline, snapshot
-from kumiflow_django.engine import admission
+from kumiflow_django.engine import admission, unserved
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.waiting_for import waiting_for
@@ -50,6 +51,9 @@ HINTS = {
     ev.DEFINITION_CHANGED: "The run's definition is no longer registered. Retry on the current "
     "definition moves the run onto it, if the current definition still has the run's step; or "
     "register the old definition again with its version=.",
+    ev.DEFINITION_NOT_SERVED: "No live worker process had the run's definition within "
+    "KUMIFLOW_UNKNOWN_DEFINITION_GRACE. Deploy a worker that has it (or keep it registered "
+    "with its version=), then retry the run.",
     ev.NOT_REGISTERED: "No workflow of this name is registered in this deployment.",
     ev.TRIGGER_UNAVAILABLE: "The trigger event was erased: the run cannot continue.",
     ev.AWAITED_UNAVAILABLE: "The awaited event was erased: the run cannot continue.",
@@ -262,6 +266,23 @@ def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
     }
 
 
+def _unserved(run: WorkflowRun) -> dict[str, Any] | None:
+    """A due run that no live worker process can resume: the definition it
+    waits for, and when it fails if none comes (a rolling deploy)."""
+    now = clock.now()
+    if run.wake_at is None or run.wake_at > now:
+        return None
+    if not unserved.waiting(now).filter(pk=run.pk).exists():
+        return None
+    fails_at = run.wake_at + timedelta(seconds=settings.UNKNOWN_DEFINITION_GRACE)
+    return {
+        "definition": unserved.describe(run),
+        "fingerprint": run.fingerprint,
+        "fails_at": when(fails_at),
+        "workers_url": reverse("admin:kumiflow_workerprocess_changelist"),
+    }
+
+
 def _held(run: WorkflowRun) -> dict[str, Any] | None:
     """Why a queued run is not running yet (flow control), and what holds it."""
     if run.status != RunStatus.QUEUED:
@@ -315,6 +336,7 @@ def context(run: WorkflowRun) -> dict[str, Any]:
         "failure": _failure(run, events, steps),
         "waiting": _waiting(run),
         "held": _held(run),
+        "unserved": _unserved(run) if run.status not in FINISHED else None,
         "picture": picture,
         "definition": definition,
         "definition_current": definition.current_fingerprint == run.fingerprint,

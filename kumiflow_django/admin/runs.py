@@ -36,7 +36,7 @@ from kumiflow_django.admin.send_event import send_event_view
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
-from kumiflow_django.engine import operations
+from kumiflow_django.engine import operations, unserved
 from kumiflow_django.engine.operations import retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
@@ -205,6 +205,7 @@ class AttentionFilter(admin.SimpleListFilter):
             ("due", "due now"),
             ("stalled", "stalled (lease ran out)"),
             ("recovered", "recovered in the last day"),
+            ("definition", "waits for a worker with its definition"),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -213,6 +214,8 @@ class AttentionFilter(admin.SimpleListFilter):
             return queryset.filter(wake_at__lte=now)
         if self.value() == "stalled":
             return queryset.filter(leases.stalled_q(now), wake_at__lte=now)
+        if self.value() == "definition":
+            return queryset.filter(pk__in=unserved.waiting(now).values("pk"))
         if self.value() == "recovered":
             return queryset.filter(
                 status__in=[RunStatus.COMPLETED, RunStatus.FAILED],

@@ -25,7 +25,7 @@ from django.db import IntegrityError
 from django.db.models import Q, QuerySet
 
 from kumiflow_django.conf import settings
-from kumiflow_django.definition import matching
+from kumiflow_django.definition import matching, serving
 from kumiflow_django.definition.context import (
     Trigger,
     TriggerEvent,
@@ -106,6 +106,10 @@ def resume_run(
                 return None
         elif run.wake_at is None or run.wake_at > clock.now():
             return None
+        if not _served_here(run):
+            if wake is not None and wake.event is not None:
+                _match(run, wake.event)
+            return None
         if run.status == RunStatus.QUEUED:
             return _admitted(run, took_over)
         return opening(run, wake, took_over)
@@ -146,6 +150,10 @@ def _admitted(run: WorkflowRun, recovered: pl.Recovered | None) -> Prepared:
 
 def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
     """Continue a run the caller has locked and checked (an awaited event woke it)."""
+    if not _served_here(run):
+        if wake.event is not None:
+            _match(run, wake.event)
+        return None
     updated = execute(lambda: opening(run, wake))
     if updated is not None:
         after_segment(updated)
@@ -190,6 +198,22 @@ def branch_waits(run: WorkflowRun, event_type: str | None = None) -> list[Wait]:
 def lookback(run: WorkflowRun) -> Event | None:
     """The first event since the wait's cut-off that satisfies the waiting run."""
     return awaited(run).lookback()
+
+
+def _served_here(run: WorkflowRun) -> bool:
+    """Whether this process may resume the run: it has the run's definition (or
+    takes its runs over). Otherwise the run is left, due, for a process that
+    has it: never failed here for a definition this process lacks."""
+    if serving.here(run.workflow, run.fingerprint, queued=run.status == RunStatus.QUEUED):
+        return True
+    logger.info(
+        "run %s: left for a worker with definition %s of %s",
+        run.id,
+        run.fingerprint[:12],
+        run.workflow,
+        extra=run_log_fields(run),
+    )
+    return False
 
 
 def _definition(run: WorkflowRun) -> Workflow | Failure:
@@ -433,19 +457,26 @@ def mark_matched(run_id: uuid.UUID, event: Event) -> None:
     """Record the awaited event on the run and make it due for the resume loop."""
     with db.atomic():
         run = lock_run(run_id, skip_locked=False)
-        if run is None or not satisfies(run, event) or run.matched_position is not None:
+        if run is None or not satisfies(run, event):
             return
-        try:
-            with db.atomic():
-                segment = Segment(run.id, run.tenant_id, run)
-                matched: pl.EventMatched = {
-                    "event": {"position": event.position, "event_id": str(event.event_id)}
-                }
-                segment.add(ev.EVENT_MATCHED, matched)
-                segment.write()
-        except (IntegrityError, StaleRow):
-            return
-        work_committed(WorkKind.RESUME, event.created_at, run_id)
+        _match(run, event)
+
+
+def _match(run: WorkflowRun, event: Event) -> None:
+    """Record the awaited event on the locked run: it is due for the resume loop."""
+    if run.matched_position is not None:
+        return
+    try:
+        with db.atomic():
+            segment = Segment(run.id, run.tenant_id, run)
+            matched: pl.EventMatched = {
+                "event": {"position": event.position, "event_id": str(event.event_id)}
+            }
+            segment.add(ev.EVENT_MATCHED, matched)
+            segment.write()
+    except (IntegrityError, StaleRow):
+        return
+    work_committed(WorkKind.RESUME, event.created_at, run.id)
 
 
 def writers_serialized() -> bool:

@@ -24,6 +24,8 @@ from kumiflow_django.store import db
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.workers.listener import PgListener
 from kumiflow_django.workers.loop import Loop, limit_idle_transactions
+from kumiflow_django.workers.resume import ResumeLoop
+from kumiflow_django.workers.worker import Heartbeat
 
 logger = get_logger("kumiflow_django")
 
@@ -137,8 +139,17 @@ class LoopCommand(BaseCommand):
                 loop.close()
             logger.info("%s: %d handled", loop.name, handled)
             return
+        # A process that resumes runs says which definitions it serves
+        # (kumiflow_resume, as kumiflow_worker does): one heartbeat row.
+        heartbeat = Heartbeat(loop.worker_id) if isinstance(loop, ResumeLoop) else None
         try:
-            run_until_signalled(loop.run_forever, loop.stop)
+            if heartbeat is not None:
+                heartbeat.start()
+            try:
+                run_until_signalled(loop.run_forever, loop.stop)
+            finally:
+                if heartbeat is not None:
+                    heartbeat.stop()
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit(0) included: a loop never ends by itself
@@ -148,11 +159,16 @@ class LoopCommand(BaseCommand):
             raise CommandError(f"the {loop.name} loop ended unasked")
 
 
-def run_until_signalled(run: Callable[[], None], stop: Callable[[], None]) -> None:
+def run_until_signalled(
+    run: Callable[[], None], stop: Callable[[], None], *, signals: bool = True
+) -> None:
     """Run a loop (or the worker) the way every command does: idle transactions
-    limited to the lease, signals handled, PostgreSQL notifications relayed."""
+    limited to the lease, signals handled, PostgreSQL notifications relayed.
+    ``signals=False``: outside the main thread (under the autoreloader), where
+    the caller stops it another way."""
     limit_idle_transactions(settings.LEASE_SECONDS)
-    install_signal_handlers(stop)
+    if signals:
+        install_signal_handlers(stop)
     listener = PgListener() if db.supports_listen() else None
     if listener is not None:
         listener.start()

@@ -3,11 +3,13 @@
 Each model lives in the room of its concept: the event log in
 :mod:`kumiflow_django.store.models`, the projections beside their folds in
 :mod:`kumiflow_django.projections`, the definitions runs started on in
-:mod:`kumiflow_django.definition.snapshots`, the lock rows in
+:mod:`kumiflow_django.definition.snapshots` (and the worker processes
+that serve them, :mod:`kumiflow_django.definition.serving`), the lock rows in
 :mod:`kumiflow_django.store.locks`, flow control's rows in
 :mod:`kumiflow_django.flow.models`.
 """
 
+from kumiflow_django.definition.serving import WorkerProcess
 from kumiflow_django.definition.snapshots import DefinitionSnapshot
 from kumiflow_django.flow.models import FlowKey, FlowLimit, RateBucket
 from kumiflow_django.http.models import ApiToken
@@ -35,5 +37,6 @@ __all__ = [
     "RunWait",
     "StepTask",
     "TaskStatus",
+    "WorkerProcess",
     "WorkflowRun",
 ]

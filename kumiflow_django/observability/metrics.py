@@ -44,6 +44,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kumiflow_django.conf import settings
+from kumiflow_django.engine import unserved
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import SUSPENDED, WorkflowRun
 from kumiflow_django.store import clock, db, telemetry
@@ -107,6 +108,8 @@ class DatabaseCollector(Collector):
       range of ``kumiflow_run_due_idx`` up to now (finished runs have no
       wake time: they are not in it);
     - ``kumiflow_runs_waiting{status}``: ``kumiflow_run_status_idx``;
+    - ``kumiflow_runs_waiting_for_definition``: the due range again, less the
+      runs on a definition a live worker process serves (its heartbeat rows);
     - ``kumiflow_outbox_pending``, ``kumiflow_outbox_dead``:
       ``kumiflow_dispatch_status_idx``;
     - ``kumiflow_outbox_due``, ``kumiflow_outbox_oldest_due_age_seconds``:
@@ -165,6 +168,7 @@ class DatabaseCollector(Collector):
                 now, due_runs.order_by("wake_at").values_list("wake_at", flat=True).first()
             ),
             "runs_waiting": {status: waiting.get(status, 0) for status in SUSPENDED},
+            "runs_waiting_for_definition": unserved.waiting(now).count(),
             "outbox_pending": sum(outbox.get(status, 0) for status in DELIVERABLE),
             "outbox_dead": outbox.get(DispatchStatus.DEAD, 0),
             "outbox_due": due_dispatches.count(),
@@ -195,6 +199,13 @@ class DatabaseCollector(Collector):
         for status, n in (get("runs_waiting") or {}).items():
             waiting.add_metric([str(status)], n)
         yield waiting
+        yield _gauge(
+            "runs_waiting_for_definition",
+            "Due runs whose definition no live worker process serves (a rolling deploy "
+            "in progress, or a release without its workers): they fail after "
+            "KUMIFLOW_UNKNOWN_DEFINITION_GRACE.",
+            get("runs_waiting_for_definition"),
+        )
         yield _gauge(
             "outbox_pending",
             "Dispatches not delivered yet that will be tried (pending, or failed and "

@@ -122,6 +122,8 @@ TASK_EVENTS = frozenset(
 STEP_FAILED = "step_failed"
 DEFINITION_CHANGED = "workflow_definition_changed"
 NOT_REGISTERED = "workflow_not_registered"
+#: No live worker process served the run's definition for KUMIFLOW_UNKNOWN_DEFINITION_GRACE.
+DEFINITION_NOT_SERVED = "workflow_definition_not_served"
 TRIGGER_UNAVAILABLE = "trigger_event_unavailable"
 AWAITED_UNAVAILABLE = "awaited_event_unavailable"
 CORRUPT_STATE = "corrupt_state"

@@ -27,11 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db.models import F, Window
+from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
 
 from kumiflow_django.conf import settings
+from kumiflow_django.definition import serving
 from kumiflow_django.definition.durations import isoformat
+from kumiflow_django.engine import unserved
 from kumiflow_django.engine.admission import StrandedSweep
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.projections.claims import claim, unclaimed
@@ -83,7 +85,7 @@ _COLUMNS = (
 )
 
 
-def due_runs(now: datetime, limit: int, *, free: bool = False) -> list[Due]:
+def due_runs(now: datetime, limit: int, *, free: bool = False, only: Q | None = None) -> list[Due]:
     """Up to ``limit`` due runs in the order they are claimed: higher priority
     first; within a priority, tenants take turns (weighted by
     ``KUMIFLOW_TENANT_WEIGHTS``); then earlier wake time first.
@@ -93,11 +95,14 @@ def due_runs(now: datetime, limit: int, *, free: bool = False) -> list[Due]:
     ranks the whole due set in the database (a window function over the
     ``wake_at`` range): then a tenant's 10 runs behind another's 10,000 are in
     the next batch, not 1,000 batches later. ``free``: only runs no worker
-    holds a lease on.
+    holds a lease on. ``only``: the runs this process may claim
+    (:func:`~kumiflow_django.engine.unserved.claim_filter`).
     """
     due = WorkflowRun.objects.due(now)
     if free:
         due = due.filter(leases.free_q(now))
+    if only is not None:
+        due = due.filter(only)
     # In the index's order only (no sort of the due range); ties are broken below.
     probe = list(due.order_by("wake_at").values_list(*_COLUMNS)[: limit + 1])
     if len(probe) <= limit:
@@ -151,6 +156,8 @@ class ResumeLoop(Loop):
         self._pool: ThreadPoolExecutor | None = None
         self._stranded = StrandedSweep()
         self._next_sweep = float("-inf")
+        self._next_unserved = float("-inf")
+        self._born = time.monotonic()
 
     def sweep_stranded(self) -> int:
         """Wake parked runs whose key has a free slot, at most every
@@ -167,6 +174,24 @@ class ResumeLoop(Loop):
             logger.exception("resume: looking for stranded parked runs failed; tried again later")
             return 0
 
+    def sweep_unserved(self) -> int:
+        """Fail the runs that waited longer than ``KUMIFLOW_UNKNOWN_DEFINITION_GRACE``
+        for a worker with their definition, at most every
+        :data:`STRANDED_SWEEP_SECONDS`; only once this process has been up for
+        a heartbeat's staleness (every live worker has announced itself by then:
+        a fleet starting after an outage fails nothing it would have served)."""
+        now = time.monotonic()
+        if now < self._next_unserved or now - self._born < serving.stale_after():
+            return 0
+        self._next_unserved = now + STRANDED_SWEEP_SECONDS
+        try:
+            return unserved.fail_overdue()
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            logger.exception("resume: failing runs no worker serves failed; tried again later")
+            return 0
+
     def _parallel(self) -> bool:
         # SQLite lets one writer in at a time: threads would only queue for it.
         # Inside a transaction (a test), other connections would not see its data.
@@ -178,7 +203,7 @@ class ResumeLoop(Loop):
             lease_owner="", lease_until=None
         )
 
-    def _lease(self, chunk: list[Due], now: datetime) -> list[Claimed]:
+    def _lease(self, chunk: list[Due], now: datetime, only: Q | None = None) -> list[Claimed]:
         """Lease the runs of ``chunk`` that are still due and free, in one short
         transaction. Rows another worker is leasing at this moment are skipped
         (``SKIP LOCKED`` where the database has it): workers take disjoint runs
@@ -186,11 +211,12 @@ class ResumeLoop(Loop):
         # Not "or leased by this worker": the threads of one worker share its
         # id, and one would take the runs another has just leased.
         free = leases.free_q(now)
+        only = only if only is not None else unserved.claim_filter()
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
         order = {due.id: i for i, due in enumerate(chunk)}
 
         def lease() -> list[Due]:
-            rows = WorkflowRun.objects.due(now).filter(free, pk__in=list(order))
+            rows = WorkflowRun.objects.due(now).filter(free, only, pk__in=list(order))
             found = [
                 Due(*row)
                 for row in unclaimed(rows).values_list(
@@ -223,17 +249,21 @@ class ResumeLoop(Loop):
         does the pool start (a poll that finds little to do opens no
         connections); its threads then take the next chunks in order."""
         self.sweep_stranded()  # what it wakes is due in this pass
+        self.sweep_unserved()
         now = clock.now()
-        due = due_runs(now, self.batch_size, free=True)
+        # Only runs on a definition this process has: a run another process
+        # must resume is not claimed here at all (no attempt, no lease).
+        only = unserved.claim_filter()
+        due = due_runs(now, self.batch_size, free=True, only=only)
         chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
         if not chunks:
             return 0
-        done = self._work(chunks[0], now)
+        done = self._work(chunks[0], now, only)
         rest = chunks[1:]
         if not rest or self.stopping:
             return done
         if not self._parallel():
-            return done + sum(self._work(chunk, now) for chunk in rest if not self.stopping)
+            return done + sum(self._work(chunk, now, only) for chunk in rest if not self.stopping)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
         queue = list(reversed(rest))
@@ -250,7 +280,7 @@ class ResumeLoop(Loop):
                 chunk = take()
                 if chunk is None:
                     break
-                resumed += self._work(chunk, now)
+                resumed += self._work(chunk, now, only)
             return resumed
 
         drains = [self._pool.submit(drain) for _ in range(min(self.threads, len(rest)))]
@@ -263,9 +293,9 @@ class ResumeLoop(Loop):
         if broken and not connection.is_usable():
             connection.close()
 
-    def _work(self, chunk: list[Due], now: datetime) -> int:
+    def _work(self, chunk: list[Due], now: datetime, only: Q) -> int:
         """Lease a chunk of due runs and resume them one after the other."""
-        return self._resume_claimed(self._lease(chunk, now))
+        return self._resume_claimed(self._lease(chunk, now, only))
 
     def _resume_claimed(self, claimed: list[Claimed]) -> int:
         resumed = 0

@@ -13,7 +13,8 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from kumiflow_django.store import db
+from kumiflow_django.definition import serving
+from kumiflow_django.store import clock, db
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.workers.cron import CronLoop
 from kumiflow_django.workers.dispatch import DispatchLoop
@@ -33,6 +34,46 @@ class Service(Protocol):
     def stop(self) -> None: ...
 
 
+class Heartbeat:
+    """This process's row in the worker table (:mod:`kumiflow_django.definition.serving`):
+    written before the loops start, refreshed every heartbeat interval by a
+    thread of its own, deleted when the worker stops. One row per process,
+    whatever loops it runs."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        serving.beat(self.worker_id, started_at=clock.now())
+        db.connection().close()  # the main thread only waits from now on
+        self._thread = threading.Thread(target=self._run, name="kumiflow-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(serving.heartbeat_interval()):
+                try:
+                    serving.beat(self.worker_id)
+                except Exception:  # the database is away: the next beat tries again
+                    logger.warning("worker %s: heartbeat failed", self.worker_id, exc_info=True)
+                    db.connection().close()
+        finally:
+            db.connection().close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            serving.leave(self.worker_id)
+        except Exception:  # it goes stale instead
+            logger.warning("worker %s: its row was not deleted", self.worker_id, exc_info=True)
+        finally:
+            db.connection().close()
+
+
 class Worker:
     def __init__(
         self,
@@ -48,7 +89,7 @@ class Worker:
         services: Sequence[Service] = (),
     ) -> None:
         self.worker_id = worker_id or default_worker_id()
-        self.services = list(services)
+        self.services: list[Service] = [Heartbeat(self.worker_id), *services]
         self.loops: list[Loop] = []
         if resume:
             self.loops.append(

@@ -240,6 +240,25 @@ if settings.SHOP_BROKEN_CRON:
     # Only for the test that `manage.py check` reports an invalid definition.
     define_workflow("broken-cron", trigger=on_cron("61 25 * * *"), steps=[])
 
+
+def rolling_deploy(release):
+    """Two releases of one workflow, as a rolling deploy runs them side by side:
+    release "b" has one more step. The result names the process that ran the
+    last segment and the release it had."""
+    extra = [s.wait("PT0.01S")] if release == "b" else []
+    return define_workflow(
+        "rolling-deploy",
+        steps=[
+            s.wait("PT0.3S"),
+            *extra,
+            s.return_(lambda ctx: {"release": settings.SHOP_RELEASE, "pid": os.getpid()}),
+        ],
+    )
+
+
+if settings.SHOP_RELEASE:
+    rolling_deploy(settings.SHOP_RELEASE)
+
 # -- task steps: work outside the transaction ---------------------------------
 
 invoice = define_workflow(

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import signal
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import autoreload
 
 from kumiflow_django.conf import settings
 from kumiflow_django.management.loop_command import (
@@ -15,7 +20,10 @@ from kumiflow_django.management.loop_command import (
     positive_int,
     run_until_signalled,
 )
+from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.workers.worker import Service, Worker
+
+logger = get_logger("kumiflow_django.worker")
 
 try:  # kumiflow-django[metrics]: the worker runs without it
     from kumiflow_django.observability import metrics
@@ -62,6 +70,12 @@ class Command(BaseCommand):
             "--worker-id", default=None, help="Name in leases and logs (default: host:pid:random)."
         )
         parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Restart the worker when a Python file changes (Django's autoreloader, "
+            "as runserver does): for development.",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=port,
             default=None,
@@ -87,12 +101,17 @@ class Command(BaseCommand):
         worker_id: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        reload: bool = False,
         verbosity: int = 1,
         **options: Any,
     ) -> None:
         configure_logging(verbosity, self.stdout)
         if worker_id is not None and not 0 < len(worker_id) <= 64:
             raise CommandError("--worker-id must have 1 to 64 characters")
+        if reload and once:
+            raise CommandError("--reload restarts a running worker, not --once")
+        if reload and metrics_port is not None:
+            raise CommandError("--metrics-port serves a deployed worker, not --reload")
         services: list[Service] = []
         if metrics_port is not None:
             if once:
@@ -116,9 +135,38 @@ class Command(BaseCommand):
             for name, handled in worker.run_once().items():
                 self.stdout.write(f"{name}: {handled}")
             return
+        if reload:
+            # Ctrl-C reaches both processes: the one that restarts waits for the
+            # worker to stop cleanly (it would kill it otherwise).
+            restarter = os.environ.get(autoreload.DJANGO_AUTORELOAD_ENV) != "true"
+            signal.signal(
+                signal.SIGINT, signal.SIG_IGN if restarter else signal.default_int_handler
+            )
+            autoreload.run_with_reloader(reloading, worker)
+            return
         run_until_signalled(worker.run, worker.stop)
         if worker.crashed:
             raise CommandError("a loop crashed (see the log); the worker stopped")
+
+
+def reloading(worker: Worker) -> None:
+    """The worker under Django's autoreloader (in a thread of the child process
+    it restarts). A changed file, and the end of the process (Ctrl-C), first
+    stop the worker cleanly: the work at hand is finished and its heartbeat
+    row deleted, so the restarted worker is the only one serving."""
+    stopped = threading.Event()
+
+    def stop(**kwargs: Any) -> None:
+        worker.stop()
+        stopped.wait(settings.LEASE_SECONDS)
+
+    autoreload.file_changed.connect(stop, weak=False)  # before the reload
+    atexit.register(stop)
+    logger.info("worker %s: restarts when the code changes", worker.worker_id)
+    try:
+        run_until_signalled(worker.run, worker.stop, signals=False)
+    finally:
+        stopped.set()
 
 
 def metrics_server(host: str, port: int) -> Service:

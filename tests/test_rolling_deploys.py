@@ -1,0 +1,251 @@
+"""Rolling deploys: a worker never fails a run because it lacks the run's definition.
+
+Each test "deploys" by swapping the registered definition of one workflow,
+as an old and a new release of ``workflows.py`` would; the heartbeat rows
+of other worker processes are written as those processes would write them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+
+from kumiflow_django import append_event, define_workflow, on_event
+from kumiflow_django import steps as s
+from kumiflow_django.admin import overview
+from kumiflow_django.checks import check_settings
+from kumiflow_django.definition import serving
+from kumiflow_django.definition.snapshots import remember
+from kumiflow_django.engine import unserved
+from kumiflow_django.engine.resuming import resume_run
+from kumiflow_django.models import RunStatus, WorkerProcess
+from kumiflow_django.store import clock as store_clock
+from kumiflow_django.workers.resume import ResumeLoop
+from tests.helpers import only_run, types
+
+pytestmark = pytest.mark.django_db
+
+OLD = [s.wait("PT1M"), s.return_("old")]
+NEW = [s.wait("PT1M"), s.return_("new")]
+
+
+def deploy(registry, steps):
+    """This process now has ``steps`` as the definition of "signup" (and
+    stores its snapshot, as a worker does when it starts)."""
+    registry.unregister("signup")
+    workflow = define_workflow("signup", trigger=on_event("signed-up"), steps=steps)
+    remember(workflow)
+    return workflow
+
+
+def resume_all() -> int:
+    return ResumeLoop(batch_size=100).run_once()
+
+
+def another_worker(worker_id, *workflows):
+    WorkerProcess.objects.create(
+        worker_id=worker_id,
+        host="elsewhere",
+        pid=1,
+        started_at=store_clock.now(),
+        last_seen=store_clock.now(),
+        definitions=[
+            {"workflow": w.name, "version": "", "fingerprint": w.fingerprint, "current": True}
+            for w in workflows
+        ],
+    )
+
+
+@pytest.fixture
+def newer_run(registry, clock):
+    """A run that a newer release started; this process has the older definition."""
+    old = deploy(registry, OLD)
+    clock.advance(seconds=1)
+    new = deploy(registry, NEW)
+    append_event("u1", "signed-up")
+    deploy(registry, OLD)
+    return old, new, only_run()
+
+
+def test_a_worker_does_not_claim_a_run_on_a_newer_definition_it_lacks(newer_run, clock):
+    old, new, run = newer_run
+    clock.advance(minutes=1)
+    before = types(run)
+    assert resume_all() == 0
+    run.refresh_from_db()
+    assert (run.status, run.lease_owner, run.attempt) == (RunStatus.WAITING, "", 1)
+    assert types(run) == before, "no attempt spent, nothing written"
+    assert list(unserved.waiting().values_list("id", flat=True)) == [run.id]
+
+
+def test_the_run_completes_on_a_worker_that_has_its_definition(newer_run, registry, clock):
+    old, new, run = newer_run
+    clock.advance(minutes=1)
+    assert resume_all() == 0
+    deploy(registry, NEW)
+    assert resume_all() == 1
+    run.refresh_from_db()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, "new")
+
+
+def test_a_run_that_another_live_worker_serves_is_left_to_it(registry, clock):
+    old = deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    clock.advance(seconds=1)
+    deploy(registry, NEW)  # this process is newer: old runs are its to take over...
+    clock.advance(minutes=1)
+    another_worker("old-worker", old)  # ...but a live worker still has their definition
+    assert resume_all() == 0
+    assert only_run().status == RunStatus.WAITING
+    assert not unserved.waiting().exists(), "a live worker serves it: it waits for nobody"
+
+    # The old worker stops sending heartbeats: once it is stale, the newer
+    # process takes its runs over (what happens then is the definition check's).
+    clock.advance(seconds=serving.stale_after())
+    serving.beat("new-worker")
+    assert list(WorkerProcess.objects.values_list("pk", flat=True)) == ["new-worker"]
+    assert resume_all() == 1
+    assert only_run().status != RunStatus.WAITING
+
+
+def test_heartbeats_refresh_and_stale_rows_are_pruned(registry, clock):
+    workflow = deploy(registry, OLD)
+    serving.beat("a", started_at=clock.now())
+    clock.advance(seconds=serving.heartbeat_interval())
+    serving.beat("b", started_at=clock.now())
+    row = WorkerProcess.objects.get(pk="a")
+    assert row.fingerprints == [workflow.fingerprint]
+    assert serving.Served.read().fingerprints == {workflow.fingerprint}
+
+    clock.advance(seconds=serving.stale_after() - serving.heartbeat_interval())
+    assert set(serving.live().values_list("pk", flat=True)) == {"b"}, "a is stale"
+    serving.beat("b")
+    assert set(WorkerProcess.objects.values_list("pk", flat=True)) == {"b"}, "a is pruned"
+    serving.leave("b")
+    assert not WorkerProcess.objects.exists()
+    assert serving.Served.read().fingerprints == frozenset()
+
+
+@override_settings(KUMIFLOW_UNKNOWN_DEFINITION_GRACE=600)
+def test_after_the_grace_the_run_fails_naming_the_missing_definition(newer_run, clock):
+    old, new, run = newer_run
+    clock.advance(minutes=1)  # due now
+    clock.advance(seconds=599)
+    assert unserved.fail_overdue() == 0
+    assert only_run().status == RunStatus.WAITING
+
+    clock.advance(seconds=1)
+    assert unserved.fail_overdue() == 1
+    run.refresh_from_db()
+    assert (run.status, run.reason) == (RunStatus.FAILED, "workflow_definition_not_served")
+    assert new.fingerprint in run.last_error and '"signup"' in run.last_error
+    assert types(run)[-1] == "run-failed"
+    assert not unserved.waiting().exists()
+
+
+@override_settings(KUMIFLOW_UNKNOWN_DEFINITION_GRACE=600)
+def test_a_run_that_a_live_worker_serves_never_fails_for_the_grace(newer_run, clock):
+    old, new, run = newer_run
+    another_worker("new-worker", new)
+    clock.advance(minutes=60)
+    WorkerProcess.objects.update(last_seen=clock.now())
+    assert unserved.fail_overdue() == 0
+    assert only_run().status == RunStatus.WAITING
+
+
+def checkout(registry, result):
+    registry.unregister("checkout")
+    workflow = define_workflow(
+        "checkout",
+        trigger=on_event("ordered"),
+        steps=[
+            s.wait_for_event(
+                "paid",
+                match={"payload.order": lambda ctx: ctx.event.payload["order"]},
+                timeout="P3D",
+            ),
+            s.return_(result),
+        ],
+    )
+    remember(workflow)
+    return workflow
+
+
+def test_an_inline_wake_leaves_the_run_due_for_a_worker_that_has_it(registry, clock):
+    checkout(registry, "old")
+    clock.advance(seconds=1)
+    new = checkout(registry, "new")
+    append_event("o1", "ordered", {"order": 7})  # started by the new release
+    run = only_run()
+    assert run.fingerprint == new.fingerprint
+    checkout(registry, "old")  # this (web) process still runs the old release
+
+    append_event("p1", "paid", {"order": 7})  # would resume the run inline
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING_EVENT, "not failed: left for a worker"
+    assert run.matched_position is not None and run.wake_at is not None, "due for a worker"
+    assert "run-failed" not in types(run)
+    assert resume_all() == 0, "not claimed by the old release either"
+
+    checkout(registry, "new")  # a worker of the new release
+    assert resume_all() == 1
+    run.refresh_from_db()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, "new")
+
+
+def test_the_console_shows_the_runs_that_wait_for_a_definition(newer_run, admin_client, clock):
+    old, new, run = newer_run
+    clock.advance(minutes=1)
+    serving.beat("old-worker", started_at=clock.now())
+    assert overview.backlog(clock.now())["unserved"].value == 1
+    page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
+    assert f"Waits for a worker with definition {new.fingerprint[:12]} of" in page.text
+    listed = admin_client.get(
+        reverse("admin:kumiflow_workflowrun_changelist") + "?attention=definition"
+    ).context["cl"]
+    assert [r.pk for r in listed.result_list] == [run.pk]
+    workers = admin_client.get(reverse("admin:kumiflow_workerprocess_changelist"))
+    assert "old-worker" in workers.text and old.fingerprint[:12] in workers.text
+
+    serving.beat("new-worker", started_at=clock.now())
+    WorkerProcess.objects.filter(pk="new-worker").update(
+        definitions=[{"workflow": "signup", "version": "", "fingerprint": new.fingerprint}]
+    )
+    assert overview.backlog(clock.now())["unserved"].value == 0
+    page = admin_client.get(reverse("admin:kumiflow_workflowrun_change", args=[run.pk]))
+    assert "Waits for a worker" not in page.text
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "check_id"),
+    [
+        ("KUMIFLOW_WORKER_STALE_SECONDS", 0, "kumiflow.E072"),
+        ("KUMIFLOW_WORKER_STALE_SECONDS", "60", "kumiflow.E072"),
+        ("KUMIFLOW_UNKNOWN_DEFINITION_GRACE", None, "kumiflow.E073"),
+        ("KUMIFLOW_UNKNOWN_DEFINITION_GRACE", -1, "kumiflow.E073"),
+    ],
+)
+def test_the_deploy_settings_are_checked(settings, setting, value, check_id):
+    setattr(settings, setting, value)
+    assert check_id in [e.id for e in check_settings()]
+
+
+def test_the_staleness_defaults_to_the_lease(settings):
+    settings.KUMIFLOW_LEASE_SECONDS = 30
+    assert (serving.stale_after(), serving.heartbeat_interval()) == (30, 10)
+    settings.KUMIFLOW_WORKER_STALE_SECONDS = 90
+    assert serving.stale_after() == 90
+    assert not [e for e in check_settings() if e.id in ("kumiflow.E072", "kumiflow.E073")]
+
+
+def test_a_resume_outside_the_worker_leaves_a_run_it_cannot_run(newer_run, clock):
+    """A Django Tasks wake-up (or any caller of resume_run) in a process of the
+    old release: nothing happens to the run, it stays due."""
+    old, new, run = newer_run
+    clock.advance(minutes=1)
+    before = types(run)
+    assert resume_run(run.id) is None
+    run.refresh_from_db()
+    assert (run.status, types(run)) == (RunStatus.WAITING, before)
+    assert run.wake_at is not None and run.wake_at <= clock.now()
