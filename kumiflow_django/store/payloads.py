@@ -264,6 +264,17 @@ class RunAdmitted(TypedDict):
     recovered: NotRequired[Recovered]
 
 
+class DefinitionSwitched(TypedDict):
+    """The run carries on on another definition (``definition-switched``)."""
+
+    from_fingerprint: str
+    to_fingerprint: str
+    from_version: str | None
+    to_version: str | None
+    #: ``compatible`` or ``unchanged`` (a change outside the steps).
+    classification: str
+
+
 class RunDebounced(TypedDict):
     trigger: TriggerRef
     since: int
