@@ -10,6 +10,7 @@ that resumes the run), and the run resumes.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -55,6 +56,11 @@ def later() -> Any:
 def results() -> Any:
     """The last step of a new definition: the run's result is its step results."""
     return s.return_(lambda ctx: dict(ctx.steps))
+
+
+def results_of(run: WorkflowRun) -> dict[str, Any]:
+    assert isinstance(run.result, dict)
+    return run.result
 
 
 def assert_carried_on(run: WorkflowRun, new) -> None:
@@ -126,7 +132,7 @@ def test_a_resolver_changed_in_an_executed_step_carries_the_run_on(registry, clo
     new = deploy(registry, "w", [changed, s.wait("PT1H"), later(), results()])
     resume_after(clock)
     assert_carried_on(run, new)
-    assert run.result["a"] == 1, "an executed step does not run again"
+    assert results_of(run)["a"] == 1, "an executed step does not run again"
 
 
 def test_a_resolver_changed_in_the_current_step_fails_the_run(registry, clock):
@@ -144,7 +150,7 @@ def test_a_resolver_changed_in_a_future_step_carries_the_run_on(registry, clock)
     new = deploy(registry, "w", [first(), s.wait("PT1H"), changed, results()])
     resume_after(clock)
     assert_carried_on(run, new)
-    assert run.result["b"] == "b2", "the new code of a step it had not reached runs"
+    assert results_of(run)["b"] == "b2", "the new code of a step it had not reached runs"
 
 
 def test_a_wait_duration_changed_while_waiting_fails_the_run(registry, clock):
@@ -162,7 +168,7 @@ def test_a_branch_added_after_the_position_runs(registry, clock):
     new = deploy(registry, "w", [first(), s.wait("PT1H"), later(), added, results()])
     resume_after(clock)
     assert_carried_on(run, new)
-    assert run.result["c"] == "then"
+    assert results_of(run)["c"] == "then"
 
 
 def test_a_for_each_body_changed_while_inside_it_fails_the_run(registry, clock):
@@ -262,10 +268,10 @@ def test_the_switch_is_folded_counted_shown_and_rebuilt(
     counted: list[tuple[str, float, dict[str, str]]] = []
 
     class Meter:
-        def count(self, metric: str, value: float, labels: dict[str, str]) -> None:
+        def count(self, metric: str, value: float, labels: Mapping[str, str]) -> None:
             counted.append((metric, value, dict(labels)))
 
-        def observe(self, metric: str, value: float, labels: dict[str, str]) -> None:
+        def observe(self, metric: str, value: float, labels: Mapping[str, str]) -> None:
             pass
 
     define_workflow("w", version="1", steps=[first(), s.wait("PT1H"), later()])
@@ -288,11 +294,15 @@ def test_the_switch_is_folded_counted_shown_and_rebuilt(
     before = WorkflowRun.objects.values("fingerprint", "workflow_version", "started_version").get()
     rebuild_all()
     after = WorkflowRun.objects.values("fingerprint", "workflow_version", "started_version").get()
-    assert before == after == {
-        "fingerprint": new.fingerprint,
-        "workflow_version": "2",
-        "started_version": "1",
-    }
+    assert (
+        before
+        == after
+        == {
+            "fingerprint": new.fingerprint,
+            "workflow_version": "2",
+            "started_version": "1",
+        }
+    )
 
 
 def test_resolvers_branch_on_the_version_a_run_started_on(registry, clock):
@@ -340,12 +350,12 @@ def test_a_process_holding_the_older_definition_carries_the_newer_run_on(registr
     v2 = [*v1, s.compute("receipt", lambda ctx: "mailed")]
     define_workflow("checkout", steps=v2)
     run = start_workflow("checkout")
-    assert CHARGES == [str(run.id)]
+    assert [str(run.id)] == CHARGES
     stale = deploy(registry, "checkout", v1)  # the worker's process: still v1
     resume_after(clock, hours=1)
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED, run.last_error
-    assert CHARGES == [str(run.id)], "the charge happened once"
+    assert [str(run.id)] == CHARGES, "the charge happened once"
     assert run.fingerprint == stale.fingerprint
 
 

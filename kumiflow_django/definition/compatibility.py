@@ -257,9 +257,7 @@ def _why(
     return Difference(path, where, change, before, after)
 
 
-def classify(
-    old: Mapping[str, Any], new: Mapping[str, Any], position: Position
-) -> Classification:
+def classify(old: Mapping[str, Any], new: Mapping[str, Any], position: Position) -> Classification:
     """Classify the change from ``old`` (the run's stored canonical form) to
     ``new`` (the registered definition's) for a run at ``position``.
 

@@ -144,9 +144,7 @@ def decide(run: RunFacts, *, snapshots: Snapshots = snapshot) -> Decision:
     )
     hint = _older_hint(run, current, snapshots)
     if current.on_change == "fail":
-        return Decision(
-            Fate.FAILS, why=f'{head} on_change="fail": such a run fails.{hint}'.strip()
-        )
+        return Decision(Fate.FAILS, why=f'{head} on_change="fail": such a run fails.{hint}'.strip())
     if current.on_change == "pin":
         return Decision(
             Fate.FAILS,

@@ -7,11 +7,13 @@ Every run so far started on the version it still has: the column is filled
 from ``workflow_version`` (one UPDATE), and emptied again on the way back.
 """
 
+from django.apps.registry import Apps
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.models import F
 
 
-def fill(apps, schema_editor):
+def fill(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     WorkflowRun = apps.get_model("kumiflow", "WorkflowRun")
     alias = schema_editor.connection.alias
     WorkflowRun.objects.using(alias).exclude(workflow_version="").update(

@@ -254,8 +254,7 @@ METRICS: dict[str, Metric] = {
     RUNS_CANCELLED: Metric("counter", "Runs cancelled.", ("workflow",)),
     DEFINITION_SWITCHES: Metric(
         "counter",
-        "Runs a deploy carried on to another definition (a compatible change), "
-        "by classification.",
+        "Runs a deploy carried on to another definition (a compatible change), by classification.",
         ("workflow", "classification"),
     ),
     SEGMENTS: Metric(

@@ -62,7 +62,8 @@ class Command(BaseCommand):
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
-            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+            cells = (c.ljust(w) for c, w in zip(row, widths, strict=True))
+            self.stdout.write("  ".join(cells).rstrip())
         for g in groups:
             if g.why and g.fate in (Fate.FAILS, Fate.WAITS):
                 self.stdout.write(f"\n{g.workflow} at {g.position} ({g.fate}): {g.why}")
