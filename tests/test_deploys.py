@@ -446,3 +446,34 @@ def test_the_system_check_warns_of_runs_that_would_fail(registry, clock):
     warnings = check_deploy_plan()
     assert [w.id for w in warnings] == ["kumiflow.W080"]
     assert "1 run(s) in flight would fail" in warnings[0].msg
+
+
+def test_a_process_older_than_the_run_says_so(registry, clock):
+    """The run's definition was first used after the process's own: the
+    message says the worker may be older than the run (restart it)."""
+    define_workflow("w", steps=[s.wait("PT1H")])
+    start_workflow("w")  # this definition's snapshot: now
+    clock.advance(minutes=5)
+    deploy(registry, "w", [s.wait("PT2H")])  # the web process, newer code
+    newer = start_workflow("w")
+    deploy(registry, "w", [s.wait("PT1H")])  # the stale worker
+    resume_after(clock, hours=2)
+    newer.refresh_from_db()
+    assert newer.reason == "workflow_definition_changed"
+    assert "this process may be older than the run; restart it" in newer.last_error
+
+
+def test_the_admin_says_what_a_retry_will_do_after_a_deploy(registry, clock):
+    from kumiflow_django.admin.runs import _explain_retry
+
+    define_workflow("w", steps=[s.wait("PT1H"), s.compute("x", lambda c: 1 / 0)])
+    run = start_workflow("w")
+    resume_after(clock)
+    run.refresh_from_db()
+    assert run.reason == "step_failed"
+    fixed = deploy(registry, "w", [s.wait("PT1H"), s.compute("x", lambda c: 1)])
+    assert f"carries on on the current one ({fixed.fingerprint[:12]}" in " ".join(
+        _explain_retry(run)
+    )
+    deploy(registry, "w", [s.wait("PT2H"), s.compute("x", lambda c: 1)])
+    assert "the run will fail again" in " ".join(_explain_retry(run))

@@ -46,9 +46,10 @@ DISPATCHES = 500
 HINTS = {
     ev.STEP_FAILED: "Fix the cause (the data, the code, the service), then Retry: the failed "
     "segment runs again from where it began.",
-    ev.DEFINITION_CHANGED: "The run's definition is no longer registered. Retry on the current "
+    ev.DEFINITION_CHANGED: "The run's definition is not registered here, and the registered one "
+    "changed a step the run executed or is at (the error says which). Retry on the current "
     "definition moves the run onto it, if the current definition still has the run's step; or "
-    "register the old definition again with its version=.",
+    "register the old definition again with its version= (docs/deploying.md).",
     ev.NOT_REGISTERED: "No workflow of this name is registered in this deployment.",
     ev.TRIGGER_UNAVAILABLE: "The trigger event was erased: the run cannot continue.",
     ev.AWAITED_UNAVAILABLE: "The awaited event was erased: the run cannot continue.",

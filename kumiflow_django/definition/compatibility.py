@@ -20,9 +20,10 @@ Each step's fingerprint (:class:`StepPrint`, keyed by its static path,
   (``StepKind.resolver_args``) and every function anywhere in its arguments
   masked, and whether it has a compensation. Its resolvers ran once and
   never run again, so fixing their code (a typo in a mail that was sent)
-  leaves the step the same; a static argument (a model, an event type, a
-  duration) says what the step did, and the engine cannot tell a cosmetic
-  change of one from a change of meaning.
+  leaves the step the same; a resolver argument holding a plain value (a
+  wait's duration, a mail's subject) is left out too, for the same reason.
+  A static argument (a model, an event type) says what the step did, and
+  the engine cannot tell a cosmetic change of one from a change of meaning.
 - ``whole``, what the *current* step and its *ancestors* are compared on:
   the step and everything below it, resolvers and the steps of its
   branches, body and compensation included. Those steps run again (the
