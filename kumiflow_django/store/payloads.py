@@ -449,6 +449,7 @@ class CronDisabled(TypedDict):
 #: Every engine event type and its payload's type.
 PAYLOADS: dict[str, type[Any]] = {
     ev.RUN_STARTED: RunStarted,
+    ev.DEFINITION_SWITCHED: DefinitionSwitched,
     ev.STEP_WAITING: StepWaiting,
     ev.STEP_WAITING_FOR_EVENT: StepWaitingForEvent,
     ev.RETRY_SCHEDULED: RetryScheduled,
