@@ -19,6 +19,7 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import Step, path_text, walk
 from kumiflow_django.definition.workflow import Workflow, child_cycle
+from kumiflow_django.engine.deploys import DeployPlan
 from kumiflow_django.observability import LIBRARIES, available
 from kumiflow_django.store import db
 
@@ -582,8 +583,6 @@ PLAN_CHECK_LIMIT = 1000
 def check_deploy_plan(**kwargs: Any) -> list[checks.CheckMessage]:
     """Runs in flight that this process's definitions would fail, at startup
     (a warning: the process may well be an old one; ``kumiflow_plan`` says more)."""
-    from kumiflow_django.engine.deploys import DeployPlan
-
     plan = DeployPlan(limit=PLAN_CHECK_LIMIT)
     try:
         failing = plan.failing()
