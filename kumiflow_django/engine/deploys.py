@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Count
+
 from kumiflow_django.definition.compatibility import (
     Classification,
     Outcome,
@@ -96,13 +98,36 @@ class RunFacts:
 Snapshots = Callable[[str], DefinitionSnapshot | None]
 
 
+#: Canonical forms by fingerprint, checked (a fingerprint names one form for
+#: good): a deploy that carries many runs on reads and hashes each once.
+_canonical: dict[str, Mapping[str, Any]] = {}
+_CANONICAL_CACHE = 64
+
+
+def _remembered(fingerprint: str, canonical: Mapping[str, Any]) -> Mapping[str, Any]:
+    if len(_canonical) >= _CANONICAL_CACHE:
+        _canonical.clear()
+    _canonical[fingerprint] = canonical
+    return canonical
+
+
 def stored_canonical(found: DefinitionSnapshot | None, fingerprint: str) -> Mapping[str, Any]:
     """A snapshot's canonical form if it is the definition of ``fingerprint``
     (empty otherwise: not kept, or not what the run ran)."""
     if found is None or not found.canonical:
         return {}
     canonical: Mapping[str, Any] = found.canonical
-    return canonical if digest(canonical) == fingerprint else {}
+    return _remembered(fingerprint, canonical) if digest(canonical) == fingerprint else {}
+
+
+def _old(fingerprint: str, snapshots: Snapshots) -> Mapping[str, Any]:
+    known = _canonical.get(fingerprint)
+    return known if known is not None else stored_canonical(snapshots(fingerprint), fingerprint)
+
+
+def _new(workflow: Workflow) -> Mapping[str, Any]:
+    known = _canonical.get(workflow.fingerprint)
+    return known if known is not None else _remembered(workflow.fingerprint, workflow.canonical())
 
 
 def _short(fingerprint: str) -> str:
@@ -153,8 +178,9 @@ def decide(run: RunFacts, *, snapshots: Snapshots = snapshot) -> Decision:
                 f"registered with its version= until its runs drain.{hint}"
             ),
         )
-    old = stored_canonical(snapshots(run.fingerprint), run.fingerprint)
-    found = classify(old, current.canonical(), Position(run.cursor, run.trail))
+    found = classify(
+        _old(run.fingerprint, snapshots), _new(current), Position(run.cursor, run.trail)
+    )
     if found.compatible:
         return Decision(Fate.CARRIED_ON, current, found, found.describe())
     return Decision(
@@ -221,7 +247,9 @@ class DeployPlan:
     #: Whether ``limit`` left runs unread.
     truncated: bool = field(default=False, init=False)
 
-    def groups(self) -> list[Group]:
+    def groups(self, *, samples: bool = True) -> list[Group]:
+        """The plan. ``samples=False`` leaves the groups of runs that need no
+        reading one by one without a sample (the startup check: one query)."""
         self.truncated = False
         cache: dict[str, DefinitionSnapshot | None] = {}
 
@@ -235,17 +263,13 @@ class DeployPlan:
         rows = (
             WorkflowRun.objects.filter(status__in=IN_FLIGHT)
             .values_list("workflow", "fingerprint")
+            .annotate(runs=Count("id"))
             .order_by("workflow", "fingerprint")
-            .distinct()
         )
-        for workflow, fingerprint in rows:
-            own = (
-                registry.with_fingerprint(workflow, fingerprint)
-                if registry.is_registered(workflow)
-                else None
-            )
+        for workflow, fingerprint, count in rows:
+            own = registry.with_fingerprint(workflow, fingerprint)
             if own is not None or not registry.is_registered(workflow):
-                found.append(self._whole(workflow, fingerprint, own))
+                found.append(self._whole(workflow, fingerprint, own, count, samples))
             else:
                 to_read.append((workflow, fingerprint))
         budget = self.limit
@@ -259,14 +283,24 @@ class DeployPlan:
                 budget -= read[1]
         return found
 
-    def _whole(self, workflow: str, fingerprint: str, own: Workflow | None) -> Group:
+    def _whole(
+        self, workflow: str, fingerprint: str, own: Workflow | None, count: int, samples: bool
+    ) -> Group:
         """The runs of a definition this process has, or of a workflow it lacks."""
-        runs = WorkflowRun.objects.filter(
-            status__in=IN_FLIGHT, workflow=workflow, fingerprint=fingerprint
-        )
-        count = runs.count()
-        first = runs.order_by("started_at").values_list("id", "workflow_version").first()
-        sample, version = (str(first[0]), first[1] or None) if first else ("", None)
+        sample, version = "", None
+        if samples:
+            first = (
+                WorkflowRun.objects.filter(
+                    status__in=IN_FLIGHT, workflow=workflow, fingerprint=fingerprint
+                )
+                .order_by("started_at")
+                .values_list("id", "workflow_version")
+                .first()
+            )
+            if first is not None:
+                sample, version = str(first[0]), first[1] or None
+        elif own is not None:
+            version = own.version
         if own is None:
             why = (
                 "a worker that serves it"
@@ -333,10 +367,9 @@ class DeployPlan:
         return list(groups.values()), read
 
     def failing(self, groups: Iterable[Group] | None = None) -> int:
-        """How many runs in flight would fail."""
-        return sum(
-            g.count for g in (self.groups() if groups is None else groups) if g.fate == Fate.FAILS
-        )
+        """How many runs in flight would fail (of ``groups``, or of a plan read now)."""
+        found = self.groups(samples=False) if groups is None else groups
+        return sum(g.count for g in found if g.fate == Fate.FAILS)
 
 
 def _text(cursor: Any) -> str:
