@@ -477,3 +477,12 @@ def test_the_admin_says_what_a_retry_will_do_after_a_deploy(registry, clock):
     )
     deploy(registry, "w", [s.wait("PT2H"), s.compute("x", lambda c: 1)])
     assert "the run will fail again" in " ".join(_explain_retry(run))
+
+
+def test_a_deferred_run_not_started_yet_starts_on_the_new_definition(registry, clock):
+    define_workflow("w", start_mode="deferred", steps=[s.return_("v1")])
+    run = start_workflow("w")
+    new = deploy(registry, "w", [s.return_("v2")], start_mode="deferred")
+    run_until_idle()
+    assert_carried_on(run, new)
+    assert run.result == "v2"

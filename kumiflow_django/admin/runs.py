@@ -116,7 +116,12 @@ def _explain_retry(run: WorkflowRun) -> list[str]:
             "That definition is no longer registered, and the change is compatible for the "
             f"run: it carries on on the current one ({decision.workflow.fingerprint[:12]}…)."
         )
-    elif decision.fate in (deploys.Fate.FAILS, deploys.Fate.WAITS):
+    elif decision.fate == deploys.Fate.WAITS:
+        lines.append(
+            "The workflow is not registered in this deployment: the run will fail again "
+            "with workflow_not_registered."
+        )
+    elif decision.fate == deploys.Fate.FAILS:
         lines.append(
             "That definition is no longer registered: the run will fail again with "
             f"workflow_definition_changed ({decision.why}). Retry on the current definition "
