@@ -19,6 +19,7 @@ from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import Step, path_text, walk
 from kumiflow_django.definition.workflow import Workflow, child_cycle
+from kumiflow_django.engine.deploys import DeployPlan
 from kumiflow_django.observability import LIBRARIES, available
 from kumiflow_django.store import db, replica
 
@@ -653,3 +654,33 @@ def check_model_labels(**kwargs: Any) -> list[checks.CheckMessage]:
                 )
             )
     return errors
+
+
+#: Runs the deploy-plan check reads one by one at most (those whose definition
+#: is not registered here); the others are counted by one grouped query.
+PLAN_CHECK_LIMIT = 1000
+
+
+@checks.register()
+def check_deploy_plan(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Runs in flight that this process's definitions would fail, at startup
+    (a warning: the process may well be an old one; ``kumiflow_plan`` says more)."""
+    plan = DeployPlan(limit=PLAN_CHECK_LIMIT)
+    try:
+        failing = plan.failing()
+    except Exception:  # no table yet (before migrate), no database: nothing to say
+        return []
+    if not failing:
+        return []
+    counted = f"at least {failing}" if plan.truncated else str(failing)
+    return [
+        checks.Warning(
+            f"{counted} run(s) in flight would fail when they resume in this process: "
+            "their definition changed in a way that is incompatible for them, and is "
+            "not registered here.",
+            hint="Run manage.py kumiflow_plan for where and what changed; keep the old "
+            "definitions registered with their version= until their runs drain "
+            "(docs/deploying.md).",
+            id="kumiflow.W080",
+        )
+    ]

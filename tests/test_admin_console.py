@@ -298,7 +298,9 @@ def test_retry_on_the_current_definition_moves_a_run_onto_a_changed_definition(
     define_workflow("flaky", steps=[s.wait("PT1H"), s.compute("x", lambda ctx: 1 / 0)])
     run = start_workflow("flaky")
     registry.unregister("flaky")
-    fixed = define_workflow("flaky", steps=[s.wait("PT1H"), s.compute("x", lambda ctx: 1)])
+    fixed = define_workflow(
+        "flaky", on_change="fail", steps=[s.wait("PT1H"), s.compute("x", lambda ctx: 1)]
+    )
     WorkflowRun.objects.filter(pk=run.pk).update(wake_at=run.started_at)
     run_until_idle()
     run.refresh_from_db()

@@ -119,7 +119,7 @@ def runs(registry, clock) -> dict[str, WorkflowRun]:
     clock.advance(minutes=1)
     run_until_idle()
     registry.unregister("evolving")
-    define_workflow("evolving", steps=[s.return_("new")])
+    define_workflow("evolving", on_change="fail", steps=[s.return_("new")])
     clock.advance(minutes=1)
     run_until_idle()
     made = {state: reload(run) for state, run in made.items()}

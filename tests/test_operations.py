@@ -162,7 +162,12 @@ def test_retry_on_the_current_definition_after_a_definition_change(registry, clo
     define_workflow("evolving", trigger=on_event("go"), steps=[s.wait("PT1M"), s.return_("old")])
     append_event("g", "go")
     registry.unregister("evolving")
-    define_workflow("evolving", trigger=on_event("go"), steps=[s.wait("PT1M"), s.return_("new")])
+    define_workflow(
+        "evolving",
+        trigger=on_event("go"),
+        on_change="fail",
+        steps=[s.wait("PT1M"), s.return_("new")],
+    )
     clock.advance(minutes=1)
     run_until_idle()
     run = only_run()

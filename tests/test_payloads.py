@@ -64,7 +64,7 @@ NESTED = {
 
 
 def test_every_engine_event_stored_fits_its_payload_type(registry, clock):
-    scenarios(clock)
+    scenarios(clock, registry)
     define_workflow(
         "checkout",
         trigger=on_event("cart.placed"),
@@ -141,6 +141,7 @@ def test_every_engine_event_stored_fits_its_payload_type(registry, clock):
         ev.COMPENSATION_STARTED,
         ev.CHILD_SETTLED,
         ev.RUN_ADMITTED,
+        ev.DEFINITION_SWITCHED,
         ev.RETRY_SCHEDULED,
         ev.TASK_ATTEMPT_FAILED,
         ev.DISPATCH_FAILED,

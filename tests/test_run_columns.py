@@ -137,7 +137,7 @@ def reload(run: WorkflowRun) -> WorkflowRun:
     return WorkflowRun.objects.get(pk=run.pk)
 
 
-def scenarios(clock: Any) -> None:
+def scenarios(clock: Any, registry: Any) -> None:
     """One of each: the ways a run's row is written."""
     # start, timer, operator wake, complete
     define_workflow("nap", steps=[s.wait("PT1H"), s.return_("rested")])
@@ -162,6 +162,15 @@ def scenarios(clock: Any) -> None:
     )
     append_event("order-1", "order.placed", {"order_id": 1})
     append_event("pay-1", "payment.received", {"order_id": 1})
+
+    # a deploy carries a run on to another definition (definition-switched)
+    define_workflow("deployed", steps=[s.wait("PT1H"), s.return_("v1")])
+    deployed = start_workflow("deployed")
+    registry.unregister("deployed")
+    v2 = define_workflow("deployed", steps=[s.wait("PT1H"), s.return_("v2")])
+    clock.advance(hours=1)
+    run_until_idle()
+    assert (reload(deployed).result, reload(deployed).fingerprint) == ("v2", v2.fingerprint)
 
     # a task step
     define_workflow("doubling", steps=[s.task("doubled", double, args=[21]), s.return_("ok")])
@@ -249,7 +258,7 @@ def scenarios(clock: Any) -> None:
 def test_the_fold_and_the_scheduler_write_only_their_own_columns(registry, clock):
     recorder = Recorder()
     with connections[db.alias()].execute_wrapper(recorder):
-        scenarios(clock)
+        scenarios(clock, registry)
     writes = recorder.writes
     seen = {w.writer for w in writes if not w.fold} | {("fold", w.kind) for w in writes if w.fold}
     # the scenarios reach every writer this test knows of

@@ -48,9 +48,10 @@ DISPATCHES = 500
 HINTS = {
     ev.STEP_FAILED: "Fix the cause (the data, the code, the service), then Retry: the failed "
     "segment runs again from where it began.",
-    ev.DEFINITION_CHANGED: "The run's definition is no longer registered. Retry on the current "
+    ev.DEFINITION_CHANGED: "The run's definition is not registered here, and the registered one "
+    "changed a step the run executed or is at (the error says which). Retry on the current "
     "definition moves the run onto it, if the current definition still has the run's step; or "
-    "register the old definition again with its version=.",
+    "register the old definition again with its version= (docs/deploying.md).",
     ev.DEFINITION_NOT_SERVED: "No live worker process had the run's definition within "
     "KUMIFLOW_UNKNOWN_DEFINITION_GRACE. Deploy a worker that has it (or keep it registered "
     "with its version=), then retry the run.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
@@ -36,7 +37,7 @@ from kumiflow_django.admin.send_event import send_event_view
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
-from kumiflow_django.engine import operations, unserved
+from kumiflow_django.engine import deploys, operations, unserved
 from kumiflow_django.engine.operations import retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
@@ -104,13 +105,28 @@ def _explain_retry(run: WorkflowRun) -> list[str]:
         f"definition the run started on ({run.fingerprint[:12]}…). The failed segment was "
         "rolled back as a whole, so none of it is repeated twice.",
     ]
-    registered = any(
-        w.name == run.workflow and w.fingerprint == run.fingerprint for w in registry.all_versions()
+    # What the resume will decide (the function it asks), from the retried position.
+    facts = dataclasses.replace(
+        deploys.RunFacts.of(run),
+        cursor=point["cursor"],
+        status=str(point.get("status") or RunStatus.PENDING),
     )
-    if not registered:
+    decision = deploys.decide(facts)
+    if decision.fate == deploys.Fate.CARRIED_ON and decision.workflow is not None:
+        lines.append(
+            "That definition is no longer registered, and the change is compatible for the "
+            f"run: it carries on on the current one ({decision.workflow.fingerprint[:12]}…)."
+        )
+    elif decision.fate == deploys.Fate.WAITS:
+        lines.append(
+            "The workflow is not registered in this deployment: the run will fail again "
+            "with workflow_not_registered."
+        )
+    elif decision.fate == deploys.Fate.FAILS:
         lines.append(
             "That definition is no longer registered: the run will fail again with "
-            "workflow_definition_changed. Retry on the current definition instead."
+            f"workflow_definition_changed ({decision.why}). Retry on the current definition "
+            "instead."
         )
     return lines
 

@@ -96,6 +96,15 @@ def _retried(p: dict[str, Any]) -> str:
     return text
 
 
+def _switched(p: dict[str, Any]) -> str:
+    before = str(p.get("from_fingerprint") or "?")[:12]
+    after = str(p.get("to_fingerprint") or "?")[:12]
+    text = f"carried on from definition {before}… to {after}…"
+    if p.get("to_version") or p.get("from_version"):
+        text += f" (version {p.get('from_version') or '—'} → {p.get('to_version') or '—'})"
+    return text + f": a {p.get('classification', '?')} change (deploy)"
+
+
 _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     ev.RUN_STARTED: _started,
     ev.STEP_WAITING: lambda p: (
@@ -115,6 +124,7 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     ev.RUN_RETRIED: _retried,
     ev.RUN_WOKEN: lambda p: "woken now",
     ev.RUN_RECOVERED: lambda p: "recovered after a stalled worker",
+    ev.DEFINITION_SWITCHED: _switched,
     ev.SEGMENT_REFUSED: lambda p: (
         f"the database refused the segment (refusal {p.get('attempt')}: "
         f"{_first_line(p.get('error'), 160)}); tried again at {_at(p.get('retry_at'))}"

@@ -43,11 +43,20 @@ class TriggerEvent:
 
 @dataclass(frozen=True)
 class RunInfo:
+    """The run a resolver runs in (``ctx.run``).
+
+    ``version`` is the version of the definition the run runs on now (a
+    deploy may carry a run on to another one); ``started_version`` the one it
+    started on, which never changes: a resolver that must behave as the old
+    code did for runs started before a change branches on it.
+    """
+
     id: uuid.UUID
     workflow: str
     version: str | None
     tenant: str
     fingerprint: str
+    started_version: str | None = None
 
 
 #: What a run's trigger is: a stored event, or the stand-in of a manual or cron start.
@@ -266,6 +275,11 @@ class ResolverContext:
     @property
     def run(self) -> RunInfo:
         return self._ctx.run
+
+    @property
+    def started_version(self) -> str | None:
+        """The workflow version the run started on (``ctx.run.started_version``)."""
+        return self._ctx.run.started_version
 
     @property
     def wake(self) -> Wake | None:

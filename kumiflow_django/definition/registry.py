@@ -54,6 +54,13 @@ class WorkflowRegistry:
                 return workflow
         return None
 
+    def with_fingerprint(self, name: str, fingerprint: str) -> Workflow | None:
+        """The registered version of ``name`` whose definition has this fingerprint."""
+        for workflow in self._versions.get(name, ()):
+            if workflow.fingerprint == fingerprint:
+                return workflow
+        return None
+
     def is_registered(self, name: str) -> bool:
         return bool(self._versions.get(name))
 

@@ -31,6 +31,9 @@ from kumiflow_django.store.errors import WorkflowDefinitionError
 from kumiflow_django.store.names import SETTLED, TASK_SETTLED
 
 START_MODES = ("inline", "deferred")
+#: What a run does when a deploy changed its definition (docs/deploying.md):
+#: carry on when the change is compatible for it, stay on its own version, or fail.
+ON_CHANGE = ("compatible", "pin", "fail")
 
 
 @dataclass(eq=False)
@@ -50,6 +53,10 @@ class Workflow:
     concurrency: Limit | None = None
     rate: Rate | None = None
     priority: int = 0
+    #: What a run started on another definition of this workflow does when
+    #: this one is registered and its own is not (:data:`ON_CHANGE`). Not in
+    #: the fingerprint: choosing a policy changes no run's steps.
+    on_change: str = "compatible"
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
@@ -217,6 +224,7 @@ def define_workflow(
     concurrency: Limit | None = None,
     rate: Rate | None = None,
     priority: int = 0,
+    on_change: str = "compatible",
     register: bool = True,
 ) -> Workflow:
     """Define (and register) a workflow.
@@ -229,7 +237,11 @@ def define_workflow(
     for a run that has no idempotency key (``"payload.order_id"``).
     ``concurrency=Limit(key=..., max=N)``, ``rate=Rate(key=..., limit=N,
     per="PT1M")`` and ``priority`` (-100 to 100, higher first) are flow
-    control: see docs/flow-control.md.
+    control: see docs/flow-control.md. ``on_change`` says what a run started
+    on another definition of the workflow does once this one is deployed and
+    its own is not registered: ``"compatible"`` (the default) carries it on
+    when only steps it has not reached changed, ``"pin"`` never carries it
+    on, ``"fail"`` fails it (docs/deploying.md, "Compatible changes").
     """
     if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
         raise WorkflowDefinitionError(
@@ -247,6 +259,10 @@ def define_workflow(
     if start_mode not in START_MODES:
         raise WorkflowDefinitionError(
             f"workflow {name!r}: start_mode must be one of {START_MODES}, not {start_mode!r}"
+        )
+    if on_change not in ON_CHANGE:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: on_change must be one of {ON_CHANGE}, not {on_change!r}"
         )
     if version is not None and (
         isinstance(version, bool) or len(str(version)) > limits.WORKFLOW_VERSION
@@ -284,6 +300,7 @@ def define_workflow(
         concurrency=concurrency,
         rate=rate,
         priority=priority,
+        on_change=on_change,
     )
     cycle = child_cycle(
         workflow, lambda other: registry.get(other) if registry.is_registered(other) else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -38,7 +39,7 @@ from kumiflow_django.definition.matching import Cutoff, Wait, awaited_as
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import admission, compensation
+from kumiflow_django.engine import admission, compensation, deploys
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps
 from kumiflow_django.engine.runner import execute
@@ -48,7 +49,7 @@ from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import RunWait
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.db import is_transient
@@ -130,13 +131,13 @@ def resume_run(
 def _admitted(run: WorkflowRun, recovered: pl.Recovered | None) -> Prepared:
     """A due queued run: its first segment if flow control admits it now, else
     it is parked again (nothing is written to its stream)."""
-    workflow = _definition(run)
-    if isinstance(workflow, Failure):
-        if not registry.is_registered(run.workflow):
-            return Opening(run.id, run.tenant_id, run, first=[], failure=workflow)
-        # Nothing of it ran yet: it starts on the current definition (a deploy
-        # while runs are queued does not fail the queue).
-        workflow = registry.get(run.workflow)
+    found = _definition(run)
+    if isinstance(found, Failure):
+        return Opening(run.id, run.tenant_id, run, first=[], failure=found)
+    # Nothing of it ran yet: a queued run across a deploy starts on the current
+    # definition (``run-admitted`` says so; a deploy does not fail the queue).
+    workflow = found.workflow
+    if workflow.fingerprint != run.fingerprint:
         remember(workflow)
     hold = admission.admit_queued(run, workflow)
     if hold is not None:
@@ -216,23 +217,26 @@ def _served_here(run: WorkflowRun) -> bool:
     return False
 
 
-def _definition(run: WorkflowRun) -> Workflow | Failure:
-    if not registry.is_registered(run.workflow):
+@dataclass(frozen=True)
+class Definition:
+    """The definition a resuming run continues on, and the switch to it (if any)."""
+
+    workflow: Workflow
+    switched: pl.DefinitionSwitched | None = None
+
+
+def _definition(run: WorkflowRun) -> Definition | Failure:
+    """The one place a resume decides which definition the run continues on
+    (``engine.deploys.decide``, which ``kumiflow_plan`` asks too)."""
+    decision = deploys.decide(deploys.RunFacts.of(run))
+    if decision.fate == deploys.Fate.WAITS:
         return Failure(
             ev.NOT_REGISTERED,
             f'Workflow "{run.workflow}" is not registered: cannot resume run {run.id}.',
         )
-    workflow = registry.find(run.workflow, run.workflow_version or None)
-    if workflow is not None and workflow.fingerprint == run.fingerprint:
-        return workflow
-    current = registry.get(run.workflow)
-    return Failure(
-        ev.DEFINITION_CHANGED,
-        f'Workflow "{run.workflow}" definition changed since run {run.id} started '
-        f"(expected {run.fingerprint[:12]}…, current {current.fingerprint[:12]}…). "
-        "Cancel the run or wait for it to complete before deploying definition changes, "
-        "or keep the old definition registered with its version=.",
-    )
+    if decision.workflow is None:
+        return Failure(ev.DEFINITION_CHANGED, decision.why)
+    return Definition(decision.workflow, decision.switched(deploys.RunFacts.of(run)))
 
 
 def _trigger(run: WorkflowRun) -> Trigger:
@@ -280,14 +284,36 @@ def opening(
 ) -> Opening:
     """The segment that continues a locked, suspended run (or records why it
     cannot). ``workflow``: the definition an admitted queued run starts on."""
-    found = workflow if workflow is not None else _definition(run)
+    found = Definition(workflow) if workflow is not None else _definition(run)
     if isinstance(found, Failure):  # nothing runs: no step.resumed
         return Opening(run.id, run.tenant_id, run, first=[], failure=found)
-    workflow = found
+    workflow = found.workflow
+    # A compatible change: the run carries on on the registered definition,
+    # recorded first in its segment (and folded into its row).
+    switch: list[tuple[str, pl.Payload]] = []
+    if found.switched is not None:
+        switch = [(ev.DEFINITION_SWITCHED, found.switched)]
+        remember(workflow)
+        logger.info(
+            "run %s of %s carried on from definition %s to %s",
+            run.id,
+            run.workflow,
+            run.fingerprint[:12],
+            workflow.fingerprint[:12],
+            extra=run_log_fields(run),
+        )
+        db.on_commit(
+            partial(
+                telemetry.count,
+                telemetry.DEFINITION_SWITCHES,
+                workflow=run.workflow,
+                classification=found.switched["classification"],
+            )
+        )
     gave_up: list[tuple[str, pl.Payload]] = (
         [(ev.RUN_ADMITTED, pl.RunAdmitted(held_by=run.held_by))]
         if run.status == RunStatus.QUEUED
-        else [(ev.STEP_RESUMED, pl.StepResumed(cursor=run.cursor))]
+        else [*switch, (ev.STEP_RESUMED, pl.StepResumed(cursor=run.cursor))]
     )
     try:
         state = check_state(copy.deepcopy(run.state))
@@ -335,7 +361,7 @@ def opening(
         run.id,
         run.tenant_id,
         run,
-        first=[(ev.STEP_RESUMED, resumed)],
+        first=[*switch, (ev.STEP_RESUMED, resumed)],
         steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
     )
 

@@ -159,6 +159,7 @@ def run_info(run: WorkflowRun) -> RunInfo:
         version=run.workflow_version or None,
         tenant=run.tenant_id,
         fingerprint=run.fingerprint,
+        started_version=run.started_version or None,
     )
 
 

@@ -90,6 +90,12 @@ class WorkflowRun(models.Model):
         _("workflow version"), max_length=limits.WORKFLOW_VERSION, blank=True
     )
     fingerprint = models.CharField(_("definition fingerprint"), max_length=64)
+    #: The version the run started on: ``workflow_version`` follows the run
+    #: when a deploy carries it on to another definition; this one never moves
+    #: (resolvers read it as ``ctx.run.started_version``).
+    started_version = models.CharField(
+        _("started on version"), max_length=limits.WORKFLOW_VERSION, blank=True
+    )
     status = models.CharField(_("status"), max_length=20, choices=RunStatus.choices)
     start_mode = models.CharField(_("start mode"), max_length=10, default="inline")
     cursor = models.JSONField(_("cursor"), null=True, blank=True)
@@ -316,6 +322,7 @@ def _started(event: Event) -> WorkflowRun:
         tenant_id=event.tenant_id,
         workflow=p["workflow"],
         workflow_version=p.get("version") or "",
+        started_version=p.get("version") or "",
         fingerprint=p["fingerprint"],
         status=RunStatus.PENDING if deferred else RunStatus.RUNNING,
         start_mode=p.get("mode", "inline"),
@@ -434,7 +441,14 @@ def _admitted(run: WorkflowRun, event: Event) -> None:
     run.held_by = ""
     if "fingerprint" in p:  # queued across a deploy: starts on the current definition
         run.fingerprint = p["fingerprint"]
-        run.workflow_version = p.get("version") or ""
+        run.workflow_version = run.started_version = p.get("version") or ""
+
+
+def _definition_switched(run: WorkflowRun, event: Event) -> None:
+    """A deploy carried the run on to another definition (``started_version`` stays)."""
+    p: pl.DefinitionSwitched = event.payload
+    run.fingerprint = p["to_fingerprint"]
+    run.workflow_version = p.get("to_version") or ""
 
 
 def _debounced(run: WorkflowRun, event: Event) -> None:
@@ -567,6 +581,7 @@ FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
     ev.COMPENSATION_STARTED: _compensation_started,
     ev.RUN_ADMITTED: _admitted,
     ev.RUN_DEBOUNCED: _debounced,
+    ev.DEFINITION_SWITCHED: _definition_switched,
     ev.EVENT_MATCHED: _event_matched,
     ev.RUN_WOKEN: _woken,
     ev.STEP_RESUMED: _resumed,

@@ -36,6 +36,9 @@ COMPENSATION_STARTED = "kumiflow.workflow.compensation-started"
 RUN_ADMITTED = "kumiflow.workflow.run-admitted"
 #: A later event of a debounced burst: the run starts with it, later.
 RUN_DEBOUNCED = "kumiflow.workflow.run-debounced"
+#: A deploy changed the run's definition in steps it has not reached: it
+#: carries on on the registered one (docs/deploying.md, "Compatible changes").
+DEFINITION_SWITCHED = "kumiflow.workflow.definition-switched"
 
 RUN_EVENTS = frozenset(
     {
@@ -58,6 +61,7 @@ RUN_EVENTS = frozenset(
         COMPENSATION_STARTED,
         RUN_ADMITTED,
         RUN_DEBOUNCED,
+        DEFINITION_SWITCHED,
     }
 )
 

@@ -264,6 +264,17 @@ class RunAdmitted(TypedDict):
     recovered: NotRequired[Recovered]
 
 
+class DefinitionSwitched(TypedDict):
+    """The run carries on on another definition (``definition-switched``)."""
+
+    from_fingerprint: str
+    to_fingerprint: str
+    from_version: str | None
+    to_version: str | None
+    #: ``compatible`` or ``unchanged`` (a change outside the steps).
+    classification: str
+
+
 class RunDebounced(TypedDict):
     trigger: TriggerRef
     since: int
@@ -438,6 +449,7 @@ class CronDisabled(TypedDict):
 #: Every engine event type and its payload's type.
 PAYLOADS: dict[str, type[Any]] = {
     ev.RUN_STARTED: RunStarted,
+    ev.DEFINITION_SWITCHED: DefinitionSwitched,
     ev.STEP_WAITING: StepWaiting,
     ev.STEP_WAITING_FOR_EVENT: StepWaitingForEvent,
     ev.RETRY_SCHEDULED: RetryScheduled,

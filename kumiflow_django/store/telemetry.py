@@ -230,6 +230,7 @@ RUNS_STARTED = "runs_started"
 RUNS_COMPLETED = "runs_completed"
 RUNS_FAILED = "runs_failed"
 RUNS_CANCELLED = "runs_cancelled"
+DEFINITION_SWITCHES = "definition_switches"
 SEGMENTS = "segments"
 SEGMENT_DURATION = "segment_duration_seconds"
 WAKE_LATENESS = "wake_lateness_seconds"
@@ -251,6 +252,11 @@ METRICS: dict[str, Metric] = {
     RUNS_COMPLETED: Metric("counter", "Runs completed.", ("workflow",)),
     RUNS_FAILED: Metric("counter", "Runs failed, by reason.", ("workflow", "reason")),
     RUNS_CANCELLED: Metric("counter", "Runs cancelled.", ("workflow",)),
+    DEFINITION_SWITCHES: Metric(
+        "counter",
+        "Runs a deploy carried on to another definition (a compatible change), by classification.",
+        ("workflow", "classification"),
+    ),
     SEGMENTS: Metric(
         "counter",
         "Segments run, by outcome (completed, suspended, failed, deferred, refused, skipped).",
