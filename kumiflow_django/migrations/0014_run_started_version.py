@@ -23,7 +23,7 @@ def fill(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("kumiflow", "0011_event_stream_per_tenant"),
+        ("kumiflow", "0013_worker_process"),
     ]
 
     operations = [
