@@ -114,6 +114,10 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     ev.RUN_CANCELLED: lambda p: "cancelled",
     ev.RUN_RETRIED: _retried,
     ev.RUN_WOKEN: lambda p: "woken now",
+    ev.RUN_RESTARTED: lambda p: (
+        f"restarted from step {p.get('from_step')} as run {p.get('run')} "
+        f"(on {'the current' if p.get('definition') == 'current' else 'its own'} definition)"
+    ),
     ev.RUN_RECOVERED: lambda p: "recovered after a stalled worker",
     ev.SEGMENT_REFUSED: lambda p: (
         f"the database refused the segment (refusal {p.get('attempt')}: "
@@ -218,6 +222,7 @@ _OPERATOR_EVENTS = frozenset(
         ev.RUN_CANCELLED,
         ev.RUN_WOKEN,
         ev.RUN_RETRIED,
+        ev.RUN_RESTARTED,
         ev.DISPATCH_CANCELLED,
         ev.DISPATCH_REDELIVERY,
         ev.CRON_FIRED,

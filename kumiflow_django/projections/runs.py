@@ -334,6 +334,10 @@ def _started(event: Event) -> WorkflowRun:
         version=0,
     )
     run.priority = p.get("priority", 0)
+    restart = p.get("restart")
+    if restart:  # it begins at the step it was restarted from, with the results before it
+        run.cursor = restart["cursor"]
+        run.state = restart["state"]
     _flow(run, p.get("flow"))
     parent = p.get("parent")
     if parent:

@@ -36,6 +36,9 @@ COMPENSATION_STARTED = "kumiflow.workflow.compensation-started"
 RUN_ADMITTED = "kumiflow.workflow.run-admitted"
 #: A later event of a debounced burst: the run starts with it, later.
 RUN_DEBOUNCED = "kumiflow.workflow.run-debounced"
+#: An operator restarted this (finished) run from one of its steps: a new run,
+#: linked to it; this run's end stays what it was.
+RUN_RESTARTED = "kumiflow.workflow.run-restarted"
 
 RUN_EVENTS = frozenset(
     {
@@ -58,6 +61,7 @@ RUN_EVENTS = frozenset(
         COMPENSATION_STARTED,
         RUN_ADMITTED,
         RUN_DEBOUNCED,
+        RUN_RESTARTED,
     }
 )
 
