@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import overview, run_page, send_event
+from kumiflow_django.admin import overview, restart, run_page, send_event
 from kumiflow_django.admin.base import (
     CheckedChangeList,
     FieldFilter,
@@ -500,6 +500,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         context["can_send_event"] = send_event.refuse(run) is None and self.user_can(
             request, "send_event_workflowrun"
         )
+        # restart from a step (its own page: the pre-flight)
+        context["restart_label"] = (
+            restart.offer(run) if self.user_can(request, restart.PERMISSION) else None
+        )
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )
@@ -520,6 +524,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
                 name="kumiflow_workflowrun_operate",
             ),
             path(
+                "<path:object_id>/restart/",
+                view(self.restart_view),
+                name="kumiflow_workflowrun_restart",
+            ),
+            path(
                 "<path:object_id>/send-event/",
                 view(self.send_event_view),
                 name="kumiflow_workflowrun_send_event",
@@ -531,6 +540,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         return operate_view(
             self, request, object_id, operation, title=lambda run: f"Run {str(run.id)[:8]}"
         )
+
+    def restart_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return restart.restart_view(self, request, object_id)
 
     def send_event_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return send_event_view(self, request, object_id)
