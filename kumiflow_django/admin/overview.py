@@ -175,8 +175,12 @@ def status_table() -> dict[str, Any]:
         for n, s in zip(counts[: len(STATUSES)], STATUSES, strict=True)
     ]
     rows = []
+    idle = 0
     for i, name in enumerate(names):
         chunk = counts[(i + 1) * len(STATUSES) : (i + 2) * len(STATUSES)]
+        if not any(chunk):  # a registered workflow without runs: counted, not listed
+            idle += 1
+            continue
         rows.append(
             (
                 name,
@@ -187,7 +191,12 @@ def status_table() -> dict[str, Any]:
                 ],
             )
         )
-    return {"statuses": [s.label for s in STATUSES], "total": total, "rows": rows}
+    return {
+        "statuses": [s.label for s in STATUSES],
+        "total": total,
+        "rows": rows,
+        "idle": idle,
+    }
 
 
 # -- throughput ---------------------------------------------------------------
@@ -357,6 +366,15 @@ def recoveries(now: datetime) -> Figure:
     return _figure(n, runs_url(attention="recovered"))
 
 
+def delivery_problems() -> Figure:
+    """Completed runs with a dead or failing delivery: done, but not all of it."""
+    bad = Dispatch.objects.filter(status__in=[DispatchStatus.DEAD, DispatchStatus.FAILED])
+    [n] = capped_counts(
+        [WorkflowRun.objects.filter(status=RunStatus.COMPLETED, id__in=bad.values("run_id"))]
+    )
+    return _figure(n, runs_url(attention="delivery"))
+
+
 def outbox(now: datetime) -> dict[str, Any]:
     dispatches = Dispatch.objects.all()
     counts = capped_counts([dispatches.filter(status=s) for s in OUTBOX_STATUSES])
@@ -414,6 +432,7 @@ def context() -> dict[str, Any]:
         "throughput": throughput(now),
         "backlog": backlog(now),
         "recoveries": recoveries(now),
+        "delivery_problems": delivery_problems(),
         "outbox": outbox(now),
         "cron": cron(now),
         "failures": recent_failures(now),

@@ -31,8 +31,8 @@ from kumiflow_django.conf import settings
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import outline, snapshot
 from kumiflow_django.engine import admission
-from kumiflow_django.projections.dispatches import Dispatch
-from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
+from kumiflow_django.projections.runs import COMPENSATE, FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -228,7 +228,7 @@ def _failure(
         return None
     failed = next((e for e in reversed(events) if e.type == ev.RUN_FAILED), None)
     p: Mapping[str, Any] = failed.payload if failed is not None else {}
-    node = find(steps, run.cursor_text) if steps and run.cursor_text else None
+    path, words = step_words(run, run.cursor_text, steps)
     at_failure = p.get("steps")
     return {
         "reason": p.get("reason") or run.reason,
@@ -237,11 +237,36 @@ def _failure(
         "steps": value_details(at_failure, settings.ADMIN_PAYLOAD_CHARS, limit=160)
         if isinstance(at_failure, dict)
         else None,
-        "step": node["label"] if node else "",
-        "path": run.cursor_text,
+        "step": words,
+        "path": path,
         "event": failed,
         "hint": HINTS.get(str(p.get("reason") or run.reason), ""),
     }
+
+
+def step_words(run: WorkflowRun, path: str, steps: list[dict[str, Any]] | None) -> tuple[str, str]:
+    """A step path as the headline says it, and the step in words: a position in
+    the compensations (``$compensate.0``) becomes the compensation's own step,
+    and a compensation's step names the step it undoes."""
+    if not path or not steps:
+        return path, ""
+    parts = path.split(".")
+    if parts[0] == COMPENSATE:
+        entries = (run.state or {}).get("compensations") or []
+        try:
+            entry = entries[len(entries) - 1 - int(parts[1])]
+            base = ".".join(str(p) for p in entry["path"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            return path, "a compensation"
+        path = ".".join([base, "compensate", *parts[2:]])
+    node = find(steps, path)
+    words = node["label"] if node else ""
+    if ".compensate" in path:
+        base = path.split(".compensate", 1)[0]
+        owner = find(steps, base)
+        undoes = f"the compensation of step {base}" + (f" ({owner['label']})" if owner else "")
+        words = f"{words}, {undoes}" if words else undoes
+    return path, words
 
 
 def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
@@ -317,4 +342,12 @@ def context(run: WorkflowRun) -> dict[str, Any]:
         "timeline_capped": len(events) == TIMELINE_EVENTS,
         "events_url": stream_url(str(run.id), run.tenant_id),
         "dispatches_url": reverse("admin:kumiflow_dispatch_changelist") + f"?run={run.id}",
+        "delivery_problems": _delivery_problems(run, rows),
     }
+
+
+def _delivery_problems(run: WorkflowRun, rows: list[Dispatch]) -> list[Dispatch]:
+    """A completed run's dead or failing deliveries: "completed" is not the whole story."""
+    if run.status != RunStatus.COMPLETED:
+        return []
+    return [d for d in rows if d.status in (DispatchStatus.DEAD, DispatchStatus.FAILED)]

@@ -38,7 +38,7 @@ from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.engine import operations
 from kumiflow_django.engine.operations import retry_point
-from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
+from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.store import clock, leases
 from kumiflow_django.store.models import Event
@@ -204,6 +204,7 @@ class AttentionFilter(admin.SimpleListFilter):
             ("due", "due now"),
             ("stalled", "stalled (lease ran out)"),
             ("recovered", "recovered in the last day"),
+            ("delivery", "completed, a delivery dead or failing"),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -218,6 +219,9 @@ class AttentionFilter(admin.SimpleListFilter):
                 finished_at__gte=now - timedelta(days=1),
                 recoveries__gt=0,
             )
+        if self.value() == "delivery":
+            bad = Dispatch.objects.filter(status__in=[DispatchStatus.DEAD, DispatchStatus.FAILED])
+            return queryset.filter(status=RunStatus.COMPLETED, id__in=bad.values("run_id"))
         return queryset
 
 
@@ -267,6 +271,32 @@ class RunChangeList(CheckedChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         business_keys(list(self.result_list))
+        delivery_problems(list(self.result_list))
+
+
+def delivery_problems(runs: Sequence[WorkflowRun]) -> None:
+    """Set ``run.delivery_problem``: for a completed run whose outbox has a dead
+    or failing delivery, what it is (``webhook dead``); one query per page."""
+    for run in runs:
+        run.delivery_problem = ""  # type: ignore[attr-defined]
+    completed = {r.id: r for r in runs if r.status == RunStatus.COMPLETED}
+    if not completed:
+        return
+    rows = (
+        Dispatch.objects.filter(
+            run_id__in=list(completed),
+            status__in=[DispatchStatus.DEAD, DispatchStatus.FAILED],
+        )
+        .values_list("run_id", "kind", "status")
+        .order_by("run_id", "kind")
+    )
+    found: dict[Any, list[str]] = {}
+    for run_id, kind, status in rows:
+        text = f"{kind} {'dead' if status == DispatchStatus.DEAD else 'failing'}"
+        if text not in found.setdefault(run_id, []):
+            found[run_id].append(text)
+    for run_id, texts in found.items():
+        completed[run_id].delivery_problem = ", ".join(texts)  # type: ignore[attr-defined]
 
 
 def business_keys(runs: Sequence[WorkflowRun]) -> None:
@@ -298,7 +328,7 @@ def business_keys(runs: Sequence[WorkflowRun]) -> None:
 class WorkflowRunAdmin(ReadOnlyAdmin):
     # Few, narrow columns: the list fits 1,280 px beside the admin's sidebar and
     # the filters. Where a run is and what it waits for sit under its status.
-    list_display = ["short_id", "workflow", "status_badge", "key", "started"]
+    list_display = ["short_id", "workflow", "status_badge", "problem", "key", "started"]
     list_display_links = ["short_id"]
     list_filter = [
         "status",
@@ -341,6 +371,25 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             '{}<span class="kf-sub">{}</span>',
             badge(run.status, run.get_status_display()),
             format_html_join(" · ", "{}", ((p,) for p in parts)),
+        )
+
+    @admin.display(description="why")
+    def problem(self, run: WorkflowRun) -> SafeString | str:
+        """Why a run failed or was cancelled (its reason, the error's first line),
+        or the dead or failing delivery of a run that completed."""
+        delivery = getattr(run, "delivery_problem", "")
+        if delivery:
+            return format_html('<span class="kf-delivery-problem">⚠ {}</span>', delivery)
+        if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            return ""
+        first = (run.last_error or "").strip().splitlines()
+        text = first[0][:120] if first else ""
+        reason = run.reason if run.status == RunStatus.FAILED else ""
+        return format_html(
+            '<span class="kf-why" title="{}">{}{}</span>',
+            run.last_error or "",
+            f"{reason}: " if reason and text else reason,
+            text,
         )
 
     @admin.display(description="business key")

@@ -1,0 +1,90 @@
+"""The console, corrected (issue 25): what a run's page, the run list and the overview say."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from kumiflow_django import define_workflow, start_workflow
+from kumiflow_django import steps as s
+from kumiflow_django.admin import run_page
+from kumiflow_django.models import Dispatch, RunStatus
+from kumiflow_django.testing import run_until_idle
+from tests.test_admin_console import run_url
+
+pytestmark = pytest.mark.django_db
+
+RUNS = "/admin/kumiflow/workflowrun/"
+
+
+def test_a_failed_compensation_is_named_in_words_not_by_its_cursor(admin_client, registry, clock):
+    def refund(ctx):
+        raise ConnectionError("the bank is down")
+
+    define_workflow(
+        "booking",
+        steps=[
+            s.compute("charge", lambda ctx: 1, compensate=[s.compute("refund", refund)]),
+            s.wait("PT1H"),
+            s.compute("ship", lambda ctx: 1 / 0),
+        ],
+    )
+    run = start_workflow("booking")
+    clock.advance(hours=2)
+    run_until_idle()
+    run.refresh_from_db()
+    assert (run.status, run.compensation) == (RunStatus.FAILED, "compensation_failed")
+    page = admin_client.get(run_url(run)).content.decode()
+    headline = page.split('id="kf-failure"', 1)[1].split("</h2>", 1)[0]
+    assert "$compensate" not in headline
+    assert "compute refund" in headline
+    assert "the compensation of step 0 (compute charge)" in headline
+    # A run stopped at a position in its compensations says the same.
+    steps = run_page.definition_of(run).outline["steps"]
+    run.state = {**run.state, "compensations": [{"path": [0], "scope": {}, "branch": ""}]}
+    assert run_page.step_words(run, "$compensate.0.0", steps) == (
+        "0.compensate.0",
+        "compute refund, the compensation of step 0 (compute charge)",
+    )
+
+
+def test_a_completed_run_with_a_dead_delivery_is_flagged_everywhere(admin_client, registry):
+    define_workflow(
+        "notify",
+        steps=[s.webhook_send("ftp://crm.example.com/hook", body={}, name="hook"), s.return_(1)],
+    )
+    define_workflow("fine", steps=[s.return_(1)])
+    run = start_workflow("notify")
+    start_workflow("fine")
+    assert run.status == RunStatus.COMPLETED
+    assert Dispatch.objects.get(run_id=run.id).status == "dead"
+
+    page = admin_client.get(run_url(run)).content.decode()
+    assert 'id="kf-delivery-problems"' in page
+    assert "Completed, but 1 delivery is dead or failing" in page
+    listed = admin_client.get(RUNS).content.decode()
+    assert listed.count("kf-delivery-problem") == 1 and "⚠ webhook dead" in listed
+    overview = admin_client.get(reverse("admin:kumiflow_overview")).content.decode()
+    figure = overview.split('id="kf-delivery-problems">', 1)[1].split("<", 1)[0]
+    assert figure.strip() == "1"
+    flagged = admin_client.get(RUNS, {"attention": "delivery"}).content.decode()
+    assert str(run.id)[:8] in flagged and flagged.count('class="field-short_id"') == 1
+
+
+def test_the_run_list_says_why_a_run_failed(admin_client, registry):
+    define_workflow("broken", steps=[s.compute("x", lambda ctx: 1 / 0)])
+    start_workflow("broken")
+    listed = admin_client.get(RUNS).content.decode()
+    assert 'class="column-problem"' in listed
+    assert "step_failed: ZeroDivisionError at step 0 (compute &#x27;x&#x27;)" in listed
+
+
+def test_the_overview_lists_the_workflows_that_have_runs(admin_client, registry):
+    define_workflow("used", steps=[s.return_(1)])
+    for name in ("idle-a", "idle-b"):
+        define_workflow(name, steps=[s.return_(1)])
+    start_workflow("used")
+    page = admin_client.get(reverse("admin:kumiflow_overview")).content.decode()
+    assert ">used</a>" in page
+    assert "idle-a" not in page and "idle-b" not in page
+    assert "2 registered workflows without runs not listed." in page
