@@ -8,8 +8,11 @@ from django.urls import reverse
 from kumiflow_django import define_workflow, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.admin import run_page
-from kumiflow_django.models import Dispatch, RunStatus
+from kumiflow_django.models import Dispatch, Event, RunStatus, StepTask
+from kumiflow_django.store import names as ev
+from kumiflow_django.tasks import attempts
 from kumiflow_django.testing import run_until_idle
+from testproject.shop import tasks as shop_tasks
 from tests.test_admin_console import run_url
 
 pytestmark = pytest.mark.django_db
@@ -88,3 +91,81 @@ def test_the_overview_lists_the_workflows_that_have_runs(admin_client, registry)
     assert ">used</a>" in page
     assert "idle-a" not in page and "idle-b" not in page
     assert "2 registered workflows without runs not listed." in page
+
+
+def test_a_task_step_shows_how_long_its_task_ran(admin_client, registry, clock):
+    define_workflow(
+        "slow",
+        steps=[
+            s.task("work", shop_tasks.sleep_then, args=lambda ctx: ["slow-1", 0.3, 1]),
+            s.return_(lambda ctx: ctx.steps["work"]),
+        ],
+    )
+    run = start_workflow("slow")
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    page = admin_client.get(run_url(run)).content.decode()
+    step = page.split('data-path="0">', 1)[1].split("</li>", 1)[0]
+    took = step.split('class="kf-took">', 1)[1].split("<", 1)[0]
+    # The attempt's own time, not the instant the segment took to hand it over.
+    assert took.startswith("ran ") and took.split()[1].isdigit() and int(took.split()[1]) >= 300
+
+
+def test_the_branch_not_taken_shows_no_result(admin_client, registry):
+    define_workflow(
+        "pay",
+        steps=[
+            s.branch(
+                lambda ctx: True,
+                then=[s.compute("payment", lambda ctx: "card")],
+                else_=[s.compute("payment", lambda ctx: "invoice")],
+            ),
+            s.return_(1),
+        ],
+    )
+    run = start_workflow("pay")
+    page = admin_client.get(run_url(run)).content.decode()
+    taken = page.split('data-path="0.then.0">', 1)[1].split("</li>", 1)[0]
+    other = page.split('data-path="0.else.0">', 1)[1].split("</li>", 1)[0]
+    assert "card" in taken
+    assert "kf-result" not in other and "card" not in other
+
+
+def test_a_lost_worker_is_said_so_timed_and_counted_as_a_recovery(admin_client, registry, clock):
+    define_workflow(
+        "invoice",
+        steps=[
+            s.task(
+                "pdf",
+                shop_tasks.double,
+                args=lambda ctx: [2],
+                timeout=30,
+                retry={"attempts": 2, "base": 0.1, "jitter": 0.0},
+            ),
+            s.return_(lambda ctx: ctx.steps["pdf"]),
+        ],
+    )
+    run = start_workflow("invoice")
+    task = StepTask.objects.get(run_id=run.id)
+    assert attempts.claim(task.id, worker="w1") is not None  # then w1 is SIGKILLed
+    clock.advance(seconds=31)
+    assert attempts.expire(task.id, clock.now()) is not None  # the sweep gives it up
+    failed = Event.objects.get(stream_id=str(task.id), type=ev.TASK_ATTEMPT_FAILED).payload
+    assert failed["error_type"] == ev.WORKER_LOST
+    assert failed["error"].startswith("worker lost: ") and "(worker w1)" in failed["error"]
+    assert failed["duration"] == 30.0  # started to the end of its lease, not 0.0
+    clock.advance(seconds=1)  # the second attempt is due
+    run_until_idle()
+    run.refresh_from_db()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, 4)
+
+    page = admin_client.get(run_url(run)).content.decode()
+    lost = page.split(f'id="kf-task-{task.id}-1">', 1)[1].split("</tr>", 1)[0]
+    assert "<td>worker lost, retried</td>" in lost
+    assert "<td>30.0 s</td>" in lost and "TimeoutError" not in lost
+    overview = admin_client.get(reverse("admin:kumiflow_overview")).content.decode()
+    recovered = overview.split("recovered from a stalled worker (last day)</dt>", 1)[1]
+    assert 'class="kf-figure">1<' in recovered.split("</dd>", 1)[0]
+    listed = admin_client.get(RUNS, {"attention": "recovered"}).content.decode()
+    assert str(run.id)[:8] in listed

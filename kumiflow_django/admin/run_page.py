@@ -33,6 +33,7 @@ from kumiflow_django.definition.snapshots import outline, snapshot
 from kumiflow_django.engine import admission
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import COMPENSATE, FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -111,9 +112,13 @@ def _path(cursor: Any) -> str:
     return ".".join(str(p) for p in cursor) if isinstance(cursor, list) and cursor else ""
 
 
-def _durations(events: list[Event], now: Any) -> dict[str, str]:
+def _durations(
+    events: list[Event], now: Any, ran: Mapping[str, float] | None = None
+) -> dict[str, str]:
     """Per step path: how long its work took (summed over segments and loop
-    items), or how long the run waited there."""
+    items), or how long the run waited there. ``ran``: the seconds a step's
+    work took outside the run's segments (a task step's attempts), which is
+    its duration rather than the instant its segment took to hand it over."""
     took: dict[str, float] = defaultdict(float)
     waited: dict[str, float] = defaultdict(float)
     waiting_since: tuple[str, Any] | None = None
@@ -132,15 +137,27 @@ def _durations(events: list[Event], now: Any) -> dict[str, str]:
     if waiting_since is not None:
         path, since = waiting_since
         waited[path] += max((now - since).total_seconds(), 0.0)
+    for path, seconds in (ran or {}).items():
+        took[path] = seconds * 1000
     texts: dict[str, str] = {}
     for path in set(took) | set(waited):
         parts = []
         if path in took:
-            parts.append(duration(took[path] / 1000))
+            parts.append(("ran " if path in (ran or {}) else "") + duration(took[path] / 1000))
         if path in waited:
             parts.append(f"waited {duration(waited[path])}")
         texts[path] = " · ".join(parts)
     return texts
+
+
+def _task_seconds(by_step: Mapping[str, list[Any]]) -> dict[str, float]:
+    """Per task step: the seconds its tasks' last attempts ran (their own clock)."""
+    ran: dict[str, float] = {}
+    for path, rows in by_step.items():
+        seconds = [r.duration for r in rows if isinstance(r, StepTask) and r.duration is not None]
+        if seconds:
+            ran[path] = float(sum(seconds))
+    return ran
 
 
 def _results(run: WorkflowRun, events: list[Event]) -> dict[str, Any]:
@@ -191,15 +208,18 @@ def _notes(
     results: dict[str, Any],
 ) -> dict[str, StepNote]:
     now = clock.now()
-    durations = _durations(events, now)
+    durations = _durations(events, now, _task_seconds(by_step))
     cap = settings.ADMIN_PAYLOAD_CHARS
     notes: dict[str, StepNote] = {}
+    ran = set(run.trail or ())
 
     def visit(nodes: list[dict[str, Any]]) -> None:
         for node in nodes:
             note = StepNote(duration=durations.get(node["path"], ""))
             name = node.get("name")
-            if isinstance(name, str) and name in results:
+            # Results are kept by name: a step that did not run (the branch not
+            # taken) shows none, not the result of its namesake that ran.
+            if isinstance(name, str) and name in results and node["path"] in ran:
                 note.result = value_details(results[name], cap)
             annotate = STEP_NOTES.get(node["kind"])
             if annotate is not None:

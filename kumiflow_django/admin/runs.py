@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -213,12 +212,8 @@ class AttentionFilter(admin.SimpleListFilter):
             return queryset.filter(wake_at__lte=now)
         if self.value() == "stalled":
             return queryset.filter(leases.stalled_q(now), wake_at__lte=now)
-        if self.value() == "recovered":
-            return queryset.filter(
-                status__in=[RunStatus.COMPLETED, RunStatus.FAILED],
-                finished_at__gte=now - timedelta(days=1),
-                recoveries__gt=0,
-            )
+        if self.value() == "recovered":  # the overview's figure, the same query
+            return queryset.filter(pk__in=overview.recovered_runs(now).values("pk"))
         if self.value() == "delivery":
             bad = Dispatch.objects.filter(status__in=[DispatchStatus.DEAD, DispatchStatus.FAILED])
             return queryset.filter(status=RunStatus.COMPLETED, id__in=bad.values("run_id"))

@@ -104,6 +104,10 @@ TASK_RESULT_IGNORED = "kumiflow.task.result-ignored"
 #: An operator retried a run whose task had failed: the task runs again.
 TASK_RETRIED = "kumiflow.task.retried"
 
+#: The error type of a task attempt given up because its lease ran out with no
+#: result: its worker was lost (killed, cut off) or the attempt is stuck.
+WORKER_LOST = "WorkerLost"
+
 #: The awaited "event type" of a task step: either outcome of its task.
 TASK_SETTLED = "kumiflow.task.settled"
 TASK_OUTCOME_TYPES = (TASK_COMPLETED, TASK_FAILED)
