@@ -32,9 +32,13 @@ PERMISSION = "retry_workflowrun"
 def offer(run: WorkflowRun) -> str | None:
     """The run page's button: "Start again" for a run whose steps were undone,
     "Restart" for another finished run, None when a restart does not apply."""
-    if refuse_restart(run, "0") is not None:
+    if refuse_restart(run, "0") is not None and _refused_on_current(run):
         return None
     return "Start again" if run.compensation == Compensation.COMPENSATED else "Restart"
+
+
+def _refused_on_current(run: WorkflowRun) -> bool:
+    return refuse_restart(run, "0", definition="current") is not None
 
 
 def restart_view(model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -45,6 +49,8 @@ def restart_view(model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: st
     data = request.POST if request.method == "POST" else request.GET
     from_step = str(data.get("from_step") or "0")
     definition: Definition = "current" if data.get("definition") == "current" else "run"
+    if "definition" not in data and refuse_restart(run, "0") is not None:
+        definition = "current"  # the run's own definition is gone: offer the current one
     plan = restart_plan(run.id, from_step, definition=definition, tenant=run.tenant_id)
     form = ReasonForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():

@@ -556,7 +556,8 @@ def _segment_refused(run: WorkflowRun, event: Event) -> None:
 
 
 def _nothing(run: WorkflowRun, event: Event) -> None:
-    """``run-started``: :func:`_started` made the row."""
+    """``run-started``: :func:`_started` made the row. ``run-restarted``: the
+    run's end stays as it was (the restart is a new run, which names it)."""
 
 
 #: How each run event changes the row (after :func:`apply` set its version).
@@ -580,6 +581,7 @@ FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
     ev.RUN_RETRIED: _retried,
     ev.RUN_RECOVERED: _recovered,
     ev.SEGMENT_REFUSED: _segment_refused,
+    ev.RUN_RESTARTED: _nothing,
 }
 
 
