@@ -43,7 +43,9 @@ def test_a_failed_compensation_is_named_in_words_not_by_its_cursor(admin_client,
     assert "compute refund" in headline
     assert "the compensation of step 0 (compute charge)" in headline
     # A run stopped at a position in its compensations says the same.
-    steps = run_page.definition_of(run).outline["steps"]
+    outline = run_page.definition_of(run).outline
+    assert outline is not None
+    steps = outline["steps"]
     run.state = {**run.state, "compensations": [{"path": [0], "scope": {}, "branch": ""}]}
     assert run_page.step_words(run, "$compensate.0.0", steps) == (
         "0.compensate.0",

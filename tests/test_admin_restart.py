@@ -65,7 +65,7 @@ def test_confirming_restarts_and_redirects_to_the_new_run(admin_client, order, c
     response = admin_client.post(restart_url(order), {"from_step": "1", "reason": "carrier ok"})
     new = WorkflowRun.objects.exclude(pk=order.pk).get()
     assert response.status_code == 302 and response["Location"] == run_url(new)
-    marker = Event.objects.filter(stream_id=str(order.id)).order_by("-version").first()
+    marker = Event.objects.filter(stream_id=str(order.id)).order_by("-version")[0]
     assert (marker.type, marker.created_by, marker.payload["reason"]) == (
         "kumiflow.workflow.run-restarted",
         "admin",

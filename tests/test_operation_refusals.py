@@ -62,7 +62,7 @@ def accepted(perform: Callable[..., Any], *args: Any) -> bool:
         return False
 
 
-def restart(run: WorkflowRun, definition: str, by: str, reason: str) -> Any:
+def restart(run: WorkflowRun, definition: Any, by: str, reason: str) -> Any:
     return restart_run(run.id, from_step="0", definition=definition, by=by, reason=reason)
 
 

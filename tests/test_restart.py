@@ -30,12 +30,22 @@ def _flaky(calls: dict[str, int], broken: dict[str, bool]) -> None:
     define_workflow(
         "flaky",
         steps=[
-            s.compute("a", lambda ctx: calls.__setitem__("a", calls["a"] + 1) or 20),
+            s.compute("a", lambda ctx: _count(calls, "a", 20)),
             s.wait("PT1H"),
             s.compute("b", lambda ctx: _b(calls, broken)),
             s.return_(lambda ctx: ctx.steps["a"] + ctx.steps["b"]),
         ],
     )
+
+
+def _count(calls: dict[str, int], name: str, value: object) -> object:
+    calls[name] += 1
+    return value
+
+
+def _note(ran: list[str], name: str, value: object) -> object:
+    ran.append(name)
+    return value
 
 
 def _b(calls: dict[str, int], broken: dict[str, bool]) -> int:
@@ -160,15 +170,15 @@ def test_a_compensated_run_is_not_retried_but_started_again(registry, clock):
 
 
 def test_a_restart_into_a_branch_runs_the_rest_of_that_branch_only(registry, clock):
-    ran = []
+    ran: list[str] = []
     define_workflow(
         "branchy",
         steps=[
-            s.compute("a", lambda ctx: ran.append("a") or True),
+            s.compute("a", lambda ctx: _note(ran, "a", True)),
             s.branch(
                 lambda ctx: ctx.steps["a"],
-                then=[s.wait("PT1H"), s.compute("b", lambda ctx: ran.append("b") or 2)],
-                else_=[s.compute("c", lambda ctx: ran.append("c") or 3)],
+                then=[s.wait("PT1H"), s.compute("b", lambda ctx: _note(ran, "b", 2))],
+                else_=[s.compute("c", lambda ctx: _note(ran, "c", 3))],
             ),
             s.return_(lambda ctx: ctx.steps["b"]),
         ],
@@ -207,7 +217,7 @@ def test_a_deferred_workflow_restarts_on_the_worker_at_its_step(registry, clock)
         "later",
         start_mode="deferred",
         steps=[
-            s.compute("a", lambda ctx: calls.__setitem__("a", calls["a"] + 1) or 5),
+            s.compute("a", lambda ctx: _count(calls, "a", 5)),
             s.compute("b", lambda ctx: ctx.steps["a"] * 2),
             s.return_(lambda ctx: ctx.steps["b"]),
         ],

@@ -65,7 +65,7 @@ def test_a_restart_answers_the_new_run_and_a_refusal_is_a_409(api, failed, clock
     clock.advance(hours=2)
     run_until_idle(dispatch=False)
     assert WorkflowRun.objects.get(pk=new["id"]).result == "shipped"
-    marker = Event.objects.filter(stream_id=str(failed.id)).order_by("-version").first()
+    marker = Event.objects.filter(stream_id=str(failed.id)).order_by("-version")[0]
     assert marker.type == "kumiflow.workflow.run-restarted"
     assert marker.payload["reason"] == "carrier is back"
     assert marker.created_by.startswith("token:")
