@@ -251,3 +251,39 @@ def test_the_async_twin(registry, clock):
     old = start_workflow("once")
     new = async_to_sync(arestart_run)(old.id, from_step="0", by="ann", reason="x")
     assert new.result == 1
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_two_restarts_of_one_run_at_once_make_two_runs_with_keys_of_their_own(registry):
+    """The first holds the old run's row; the second waits for it, then counts
+    the first restart: two runs, #restart-1 and #restart-2, no unique clash."""
+    import threading
+
+    from django.db import transaction
+
+    from tests.races import in_thread, wait_until_blocked_or_done
+
+    define_workflow("once", steps=[s.return_(lambda ctx: ctx.event.payload["n"])])
+    old = start_workflow("once", payload={"n": 1}, idempotency_key="k")
+    holding, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with transaction.atomic():
+            restart_run(old.id, from_step="0", by="ann")
+            holding.set()
+            release.wait(30)
+
+    one, one_errors = in_thread(first)
+    assert holding.wait(30)
+    two, two_errors = in_thread(lambda: restart_run(old.id, from_step="0", by="bob"))
+    assert wait_until_blocked_or_done(two) == "blocked"
+    release.set()
+    one.join(30)
+    two.join(30)
+    assert (one_errors, two_errors) == ([], [])
+    from kumiflow_django.models import WorkflowRun
+
+    keys = sorted(WorkflowRun.objects.exclude(pk=old.pk).values_list("idempotency_key", flat=True))
+    assert keys == ["k#restart-1", "k#restart-2"]
+    assert types(old).count("run-restarted") == 2
