@@ -73,6 +73,8 @@ def test_confirming_restarts_and_redirects_to_the_new_run(admin_client, order, c
     )
     timeline = admin_client.get(run_url(order)).content.decode()
     assert f"as run {new.id}" in timeline
+    started = admin_client.get(run_url(new)).content.decode()
+    assert f"restarted by admin from step 1 of run {order.id} (carrier ok)" in started
     clock.advance(hours=2)
     run_until_idle(dispatch=False)
     new.refresh_from_db()

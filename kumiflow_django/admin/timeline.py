@@ -65,6 +65,11 @@ def _started(p: dict[str, Any]) -> str:
         text += f", key {p['idempotency_key']}"
     if p.get("mode") == "deferred":
         text += ", for a worker to run"
+    restart = p.get("restart")
+    if isinstance(restart, dict):  # an operator's restart of an earlier run
+        who = f" by {restart['by']}" if restart.get("by") else ""
+        why = f" ({restart['reason']})" if restart.get("reason") else ""
+        text += f"; restarted{who} from step {restart.get('step')} of run {restart.get('run')}{why}"
     return text
 
 
