@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -51,6 +53,9 @@ def order(registry, clock):
 def test_the_pre_flight_lists_the_webhook_and_the_task_that_happen_again(admin_client, order):
     page = admin_client.get(run_url(order)).content.decode()
     assert 'id="kf-restart"' in page and ">Restart<" in page
+    # the picture links each step the run can restart from to its pre-flight
+    links = re.findall(r'class="kf-restart-here" href="[^"]*from_step=([\d.a-z]+)', page)
+    assert links == ["0", "1", "2", "3"]  # not 4: the failed segment began at 3
     plan = admin_client.get(restart_url(order), {"from_step": "1"}).content.decode()
     assert "<tr class=\"kf-repeat-new\"><td>2 'notify'</td><td>webhook</td>" in plan.replace(
         "&#x27;", "'"

@@ -17,6 +17,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import urlencode
 
 from kumiflow_django.admin.confirm import ReasonForm, object_page, operator
 from kumiflow_django.engine.restart import Definition, refuse_restart, restart_plan, restart_run
@@ -35,6 +36,18 @@ def offer(run: WorkflowRun) -> str | None:
     if refuse_restart(run, "0") is not None and _refused_on_current(run):
         return None
     return "Start again" if run.compensation == Compensation.COMPENSATED else "Restart"
+
+
+def points(run: WorkflowRun) -> dict[str, str]:
+    """The restart page of each step the run can restart from, by step path:
+    the picture links its steps there ("restart from here")."""
+    definition: Definition = "run" if refuse_restart(run, "0") is None else "current"
+    plan = restart_plan(run.id, "0", definition=definition, tenant=run.tenant_id)
+    base = reverse("admin:kumiflow_workflowrun_restart", args=[run.pk])
+    return {
+        c.path: f"{base}?{urlencode({'from_step': c.path, 'definition': definition})}"
+        for c in plan.choices
+    }
 
 
 def _refused_on_current(run: WorkflowRun) -> bool:

@@ -206,6 +206,7 @@ def _notes(
     events: list[Event],
     by_step: Mapping[str, list[Any]],
     results: dict[str, Any],
+    restart_points: Mapping[str, str],
 ) -> dict[str, StepNote]:
     now = clock.now()
     durations = _durations(events, now, _task_seconds(by_step))
@@ -224,6 +225,13 @@ def _notes(
             annotate = STEP_NOTES.get(node["kind"])
             if annotate is not None:
                 note.extra.extend(annotate(run, node, by_step.get(node["path"], [])))
+            if node["path"] in restart_points:
+                note.extra.append(
+                    format_html(
+                        '<a class="kf-restart-here" href="{}">restart from here</a>',
+                        restart_points[node["path"]],
+                    )
+                )
             notes[node["path"]] = note
             for kids in node["children"].values():
                 visit(kids)
@@ -318,7 +326,9 @@ def _held(run: WorkflowRun) -> dict[str, Any] | None:
     }
 
 
-def context(run: WorkflowRun) -> dict[str, Any]:
+def context(run: WorkflowRun, *, restart_points: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``restart_points``: the restart page of each step the run can restart
+    from (the picture links them), when the viewer may restart it."""
     events = _events(run)
     rows = list(Dispatch.objects.filter(run_id=run.id).order_by("created_at")[:DISPATCHES])
     attempts = structure.task_attempts(run)
@@ -340,7 +350,7 @@ def context(run: WorkflowRun) -> dict[str, Any]:
             trail=run.trail,
             cursor=run.cursor,
             status=run.status,
-            notes=_notes(run, steps, events, by_step, results),
+            notes=_notes(run, steps, events, by_step, results, restart_points or {}),
         )
     merged = sorted([*events, *_outbox_events(rows)], key=lambda e: e.position)
     labels = {n["path"]: n["label"] for n in _flat(steps or [])}

@@ -535,7 +535,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     ) -> HttpResponse:
         run = self.object_or_404(request, object_id)
         business_keys([run])
-        context = run_page.context(run)
+        # restart from a step (its own page: the pre-flight); the picture links its steps
+        restart_label = restart.offer(run) if self.user_can(request, restart.PERMISSION) else None
+        context = run_page.context(
+            run, restart_points=restart.points(run) if restart_label else None
+        )
         context["operations"] = [
             (name, op.label)
             for name, op in self.operations.items()
@@ -544,10 +548,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         context["can_send_event"] = send_event.refuse(run) is None and self.user_can(
             request, "send_event_workflowrun"
         )
-        # restart from a step (its own page: the pre-flight)
-        context["restart_label"] = (
-            restart.offer(run) if self.user_can(request, restart.PERMISSION) else None
-        )
+        context["restart_label"] = restart_label
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )
