@@ -80,7 +80,7 @@ def test_the_run_list_says_why_a_run_failed(admin_client, registry):
     define_workflow("broken", steps=[s.compute("x", lambda ctx: 1 / 0)])
     start_workflow("broken")
     listed = admin_client.get(RUNS).content.decode()
-    assert 'class="column-problem"' in listed
+    assert '<span class="kf-sub"><span class="kf-why"' in listed  # under its status
     assert "step_failed: ZeroDivisionError at step 0 (compute &#x27;x&#x27;)" in listed
 
 

@@ -323,7 +323,7 @@ def business_keys(runs: Sequence[WorkflowRun]) -> None:
 class WorkflowRunAdmin(ReadOnlyAdmin):
     # Few, narrow columns: the list fits 1,280 px beside the admin's sidebar and
     # the filters. Where a run is and what it waits for sit under its status.
-    list_display = ["short_id", "workflow", "status_badge", "problem", "key", "started"]
+    list_display = ["short_id", "workflow", "status_badge", "key", "started"]
     list_display_links = ["short_id"]
     list_filter = [
         "status",
@@ -360,12 +360,16 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         where = self.at_step(run)
         waiting = self.waiting_for(run)
         parts = [p for p in (f"at {where}" if where else "", waiting) if p]
+        # why it failed, was cancelled, or is not quite done: under its status
+        why = self.problem(run)
+        why_line = format_html('<span class="kf-sub">{}</span>', why) if why else ""
         if not parts:
-            return badge(run.status, run.get_status_display())
+            return format_html("{}{}", badge(run.status, run.get_status_display()), why_line)
         return format_html(
-            '{}<span class="kf-sub">{}</span>',
+            '{}<span class="kf-sub">{}</span>{}',
             badge(run.status, run.get_status_display()),
             format_html_join(" · ", "{}", ((p,) for p in parts)),
+            why_line,
         )
 
     @admin.display(description="why")
