@@ -287,3 +287,21 @@ def test_two_restarts_of_one_run_at_once_make_two_runs_with_keys_of_their_own(re
     keys = sorted(WorkflowRun.objects.exclude(pk=old.pk).values_list("idempotency_key", flat=True))
     assert keys == ["k#restart-1", "k#restart-2"]
     assert types(old).count("run-restarted") == 2
+
+
+def test_a_step_kind_of_the_project_is_said_to_repeat(registry, clock):
+    from kumiflow_django import StepKind, register_step_kind
+    from kumiflow_django.definition.step import Step, step_kinds
+
+    class Ping(StepKind):
+        kind = "tests.ping"
+
+        def execute(self, step, ctx, path, resume):
+            return "pong"
+
+    with step_kinds.isolated():
+        register_step_kind(Ping())
+        define_workflow("pinger", steps=[s.compute("a", lambda ctx: 1), Step("tests.ping", "p")])
+        old = start_workflow("pinger")
+        plan = restart_plan(old.id, "1")
+    assert [(r.what, r.key) for r in plan.repeats] == [("tests.ping step", "none")]

@@ -10,6 +10,7 @@ same kind).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.contrib import messages
@@ -20,7 +21,12 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from kumiflow_django.admin.confirm import ReasonForm, object_page, operator
-from kumiflow_django.engine.restart import Definition, refuse_restart, restart_plan, restart_run
+from kumiflow_django.engine.restart import (
+    Definition,
+    applicable_plan,
+    restart_plan,
+    restart_run,
+)
 from kumiflow_django.projections.runs import Compensation, WorkflowRun
 from kumiflow_django.store.errors import KumiflowError
 
@@ -30,28 +36,31 @@ if TYPE_CHECKING:
 PERMISSION = "retry_workflowrun"
 
 
-def offer(run: WorkflowRun) -> str | None:
-    """The run page's button: "Start again" for a run whose steps were undone,
-    "Restart" for another finished run, None when a restart does not apply."""
-    if refuse_restart(run, "0") is not None and _refused_on_current(run):
+@dataclass(frozen=True)
+class Offer:
+    """What the run page offers: the button's label, and the restart page of
+    each step the run can restart from (the picture links them)."""
+
+    label: str
+    definition: Definition
+    points: dict[str, str]
+
+
+def offer(run: WorkflowRun) -> Offer | None:
+    """The button "Start again" for a run whose steps were undone, "Restart" for
+    another finished run (on its own definition, else the current one), None
+    when a restart does not apply: the engine's plan decides (``applicable_plan``)."""
+    plan = applicable_plan(run)
+    if plan is None:
         return None
-    return "Start again" if run.compensation == Compensation.COMPENSATED else "Restart"
-
-
-def points(run: WorkflowRun) -> dict[str, str]:
-    """The restart page of each step the run can restart from, by step path:
-    the picture links its steps there ("restart from here")."""
-    definition: Definition = "run" if refuse_restart(run, "0") is None else "current"
-    plan = restart_plan(run.id, "0", definition=definition, tenant=run.tenant_id)
+    definition: Definition = "current" if plan.definition == "current" else "run"
     base = reverse("admin:kumiflow_workflowrun_restart", args=[run.pk])
-    return {
+    points = {
         c.path: f"{base}?{urlencode({'from_step': c.path, 'definition': definition})}"
         for c in plan.choices
     }
-
-
-def _refused_on_current(run: WorkflowRun) -> bool:
-    return refuse_restart(run, "0", definition="current") is not None
+    label = "Start again" if run.compensation == Compensation.COMPENSATED else "Restart"
+    return Offer(label, definition, points)
 
 
 def restart_view(model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -62,8 +71,9 @@ def restart_view(model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: st
     data = request.POST if request.method == "POST" else request.GET
     from_step = str(data.get("from_step") or "0")
     definition: Definition = "current" if data.get("definition") == "current" else "run"
-    if "definition" not in data and refuse_restart(run, "0") is not None:
-        definition = "current"  # the run's own definition is gone: offer the current one
+    offered = offer(run)
+    if "definition" not in data and offered is not None:
+        definition = offered.definition  # the run's own definition is gone: the current one
     plan = restart_plan(run.id, from_step, definition=definition, tenant=run.tenant_id)
     form = ReasonForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
@@ -97,6 +107,6 @@ def restart_view(model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: st
         "plan": plan,
         "form": form,
         "back": back,
-        "label": offer(run) or "Restart",
+        "label": offered.label if offered is not None else "Restart",
     }
     return TemplateResponse(request, "kumiflow/restart.html", context)

@@ -540,10 +540,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         run = self.object_or_404(request, object_id)
         business_keys([run])
         # restart from a step (its own page: the pre-flight); the picture links its steps
-        restart_label = restart.offer(run) if self.user_can(request, restart.PERMISSION) else None
-        context = run_page.context(
-            run, restart_points=restart.points(run) if restart_label else None
-        )
+        offered = restart.offer(run) if self.user_can(request, restart.PERMISSION) else None
+        context = run_page.context(run, restart_points=offered.points if offered else None)
         context["operations"] = [
             (name, op.label)
             for name, op in self.operations.items()
@@ -552,7 +550,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         context["can_send_event"] = send_event.refuse(run) is None and self.user_can(
             request, "send_event_workflowrun"
         )
-        context["restart_label"] = restart_label
+        context["restart_label"] = offered.label if offered else None
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )

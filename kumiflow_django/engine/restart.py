@@ -102,6 +102,24 @@ _EFFECTS = {
 }
 
 
+#: The engine's step kinds with no effect outside the run (or only the run's own
+#: control flow); a kind registered by a project is assumed to have effects.
+_PURE = frozenset(
+    {
+        "compute",
+        "read.find_one",
+        "read.find_many",
+        "wait",
+        "wait_for_event",
+        "return",
+        "branch",
+        "for_each",
+        "parallel",
+        "retry",
+    }
+)
+
+
 @dataclass(frozen=True)
 class PlanStep:
     """A step of the definition the restarted run may run."""
@@ -394,6 +412,16 @@ def _repeats(workflow: Workflow, again: list[PlanStep]) -> list[Repeat]:
         step = workflow.step_at(parse_path(planned.path))
         what = _EFFECTS.get(step.kind)
         if what is None:
+            if step.kind not in _PURE:  # a project's own step kind: its effects are its own
+                found.append(
+                    Repeat(
+                        planned.path,
+                        f"{step.kind} step",
+                        step.name,
+                        "none",
+                        "a step kind of your project: whatever it does happens again",
+                    )
+                )
             continue
         if step.kind in ("mail_send", "webhook_send"):
             key, note = "new", "a new outbox request: its Idempotency-Key is its new id"
@@ -508,6 +536,20 @@ def restart_plan(
     the results carried; ``refusal`` says why it does not apply (None: it does)."""
     run = _get(run_id, tenant, lock=False)
     return _plan(run, str(from_step), definition, _history(run, _events(run)))
+
+
+def applicable_plan(run: WorkflowRun, from_step: str = "0") -> RestartPlan | None:
+    """The plan of a restart of ``run`` from ``from_step`` on its own definition,
+    else on the current one, whichever applies first (the log read once); None
+    when neither does. The console decides with it what to offer."""
+    if run.status not in RESTARTABLE:
+        return None
+    history = _history(run, _events(run))
+    for definition in DEFINITIONS:
+        plan = _plan(run, str(from_step), definition, history)
+        if plan.refusal is None:
+            return plan
+    return None
 
 
 def refuse_restart(
