@@ -284,7 +284,10 @@ def test_two_restarts_of_one_run_at_once_make_two_runs_with_keys_of_their_own(re
     assert (one_errors, two_errors) == ([], [])
     from kumiflow_django.models import WorkflowRun
 
-    keys = sorted(WorkflowRun.objects.exclude(pk=old.pk).values_list("idempotency_key", flat=True))
+    keys = sorted(
+        str(k)
+        for k in WorkflowRun.objects.exclude(pk=old.pk).values_list("idempotency_key", flat=True)
+    )
     assert keys == ["k#restart-1", "k#restart-2"]
     assert types(old).count("run-restarted") == 2
 
