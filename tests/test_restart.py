@@ -9,6 +9,7 @@ from kumiflow_django import (
     InvalidRunState,
     UnknownWorkflow,
     arestart_run,
+    cancel_run,
     define_workflow,
     restart_plan,
     restart_run,
@@ -308,3 +309,19 @@ def test_a_step_kind_of_the_project_is_said_to_repeat(registry, clock):
         old = start_workflow("pinger")
         plan = restart_plan(old.id, "1")
     assert [(r.what, r.key) for r in plan.repeats] == [("tests.ping step", "none")]
+
+
+def test_a_cancelled_run_restarts_at_the_step_it_waited_at(registry, clock):
+    define_workflow(
+        "approval",
+        steps=[
+            s.compute("order", lambda ctx: "A-1"),
+            s.wait_for_event("approved", name="ok"),
+            s.return_(lambda ctx: [ctx.steps["order"], ctx.steps["ok"]["timed_out"]]),
+        ],
+    )
+    old = start_workflow("approval")
+    cancel_run(old.id, reason="the approver left")
+    assert [c.path for c in restart_plan(old.id).choices] == ["0", "1"]
+    new = restart_run(old.id, from_step="1")
+    assert (new.status, new.state["steps"]) == (RunStatus.WAITING_EVENT, {"order": "A-1"})

@@ -239,6 +239,7 @@ class _History:
     committed: list[str]
     state: dict[str, Any]
     results: dict[str, Any]
+    #: The step a failed segment began at, or a cancelled run waited at.
     failed_at: str | None
     restarts: int
 
@@ -274,7 +275,9 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             restore = p.get("restore") or {}
             state = restore.get("state") or state
             segment_began = restore.get("cursor")
-        elif event.type == ev.RUN_FAILED:
+        elif event.type in (ev.RUN_FAILED, ev.RUN_CANCELLED):
+            # Where the failed segment began, or where a cancelled run waited:
+            # the state there is committed, the step can run anew.
             began = segment_began if segment_began else [0]
             failed_at = path_text(began) if began and began[0] != "$compensate" else None
     return _History(list(committed), state, results, failed_at, restarts)
@@ -474,7 +477,7 @@ def _plan(run: WorkflowRun, from_step: str, definition: str, history: _History) 
         why = _enterable(workflow, cursor)
         if why is None and run.compensation:
             why = "the run compensated (its completed steps were undone): start it again instead"
-        elif why is None and history.failed_at and from_step not in history.committed:
+        elif why is None and run.status == RunStatus.FAILED and history.failed_at:
             why = (
                 f"it did not happen: the failed segment was rolled back as a whole; restart "
                 f"from {history.failed_at}, where that segment began, or earlier"
