@@ -25,7 +25,8 @@ before it are carried, nothing before it runs again.
 
 Where a run can restart: at a step its committed segments ran (a failed
 segment was rolled back as a whole, so the steps it ran did not happen; its
-first step can be chosen), or at its first step ("start again"), whose state
+first step can be chosen), at the step a cancelled run waited at, or at its
+first step ("start again"), whose state
 is a new run's. A step inside a ``for_each``, ``parallel``, ``retry`` or a
 compensation is not a restart point (its position needs the enclosing step's
 own state): restart at the enclosing step. A run that compensated (its
