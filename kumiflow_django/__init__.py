@@ -49,6 +49,11 @@ _EXPORTS: dict[str, str] = {
     "wake_run": "kumiflow_django.engine.operations",
     "retry_run": "kumiflow_django.engine.operations",
     "cancel_run": "kumiflow_django.engine.operations",
+    # restart from a step (a new run, linked to the old)
+    "restart_run": "kumiflow_django.engine.restart",
+    "restart_plan": "kumiflow_django.engine.restart",
+    "RestartPlan": "kumiflow_django.engine.restart",
+    "arestart_run": "kumiflow_django.engine.aio",
     "InvalidDispatchState": "kumiflow_django.store.errors",
     "DispatchNotFound": "kumiflow_django.store.errors",
     "cancel_dispatch": "kumiflow_django.outbox.actions",
@@ -148,6 +153,10 @@ __all__ = [
     "aretry_run",
     "awake_run",
     "get_run",
+    "restart_run",
+    "restart_plan",
+    "RestartPlan",
+    "arestart_run",
     "NewEvent",
     "append_event",
     "append_events",
@@ -259,12 +268,14 @@ if TYPE_CHECKING:  # pragma: no cover
         aappend_event,
         acancel_run,
         aget_run,
+        arestart_run,
         aretry_run,
         astart_workflow,
         awake_run,
         get_run,
     )
     from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
+    from kumiflow_django.engine.restart import RestartPlan, restart_plan, restart_run
     from kumiflow_django.engine.starting import start_workflow
     from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
     from kumiflow_django.outbox.kinds import register_dispatch_kind

@@ -403,3 +403,55 @@ def test_start_workflow_is_visible_without_a_trigger_event(page, live_server, re
     page.goto(f"{live_server.url}/admin/kumiflow/workflowrun/")
     row = page.locator("#result_list tbody tr", has_text=str(run.pk)[:8]).inner_text()
     assert "T-5" in row and "wakes in 24 h" in row
+
+
+def test_restart_from_a_step_after_its_pre_flight(page, live_server, registry, clock):
+    from testproject.shop import tasks as shop_tasks
+
+    carrier = {"up": False}
+
+    def ship(ctx):
+        if not carrier["up"]:
+            raise ConnectionError("the carrier's API is down")
+        return {"parcel": "P-1"}
+
+    define_workflow(
+        "fulfilment",
+        steps=[
+            s.compute("order", lambda ctx: {"order": "A-7"}),
+            s.wait("PT1H"),
+            s.webhook_send("https://crm.example.com/hook", body={"order": "A-7"}, name="notify"),
+            s.task("invoice", shop_tasks.double, args=lambda ctx: {"n": 21}),
+            s.compute("ship", ship),
+            s.return_(lambda ctx: {"invoice": ctx.steps["invoice"], **ctx.steps["ship"]}),
+        ],
+    )
+    old = start_workflow("fulfilment")
+    clock.advance(hours=2)
+    run_until_idle(dispatch=False)
+    page.goto(run_page(live_server, old))
+    page.click("#kf-restart")
+    page.wait_for_selector("#kf-from-step")
+    page.select_option("#kf-from-step", "2")
+    page.click("#kf-restart-plan")
+    page.wait_for_selector("#kf-restart-repeats")
+    repeats = page.inner_text("#kf-restart-repeats")
+    assert "webhook" in repeats and "task" in repeats and "new" in repeats
+    assert "2 'notify' (webhook_send)" in page.inner_text("#kf-restart-again")
+    page.fill("#id_reason", "the carrier is back (ticket 12)")
+    screenshot(page, "restart.png")
+    carrier["up"] = True
+    page.click("#kf-confirm")
+    page.wait_for_selector(".messagelist")
+    assert "restarted from step 2 as run" in page.inner_text(".messagelist")
+    new = WorkflowRun.objects.exclude(pk=old.pk).get()
+    assert page.url.endswith(f"/workflowrun/{new.pk}/change/")
+    run_until_idle(dispatch=False)
+    page.reload()
+    page.wait_for_load_state("load")
+    assert "completed" in page.inner_text(".field-status")
+    new.refresh_from_db()
+    assert new.result == {"invoice": 42, "parcel": "P-1"}
+    page.goto(run_page(live_server, old))
+    line = timeline_line(page, "restarted from step 2")
+    assert "by ops" in line and "ticket 12" in line

@@ -21,6 +21,7 @@ from kumiflow_django import (
     define_workflow,
     on_cron,
     on_event,
+    restart_run,
     start_workflow,
 )
 from kumiflow_django import steps as s
@@ -59,6 +60,10 @@ def accepted(perform: Callable[..., Any], *args: Any) -> bool:
         return True
     except KumiflowError:
         return False
+
+
+def restart(run: WorkflowRun, definition: Any, by: str, reason: str) -> Any:
+    return restart_run(run.id, from_step="0", definition=definition, by=by, reason=reason)
 
 
 def reload(run: WorkflowRun) -> WorkflowRun:
@@ -146,6 +151,8 @@ def test_the_admin_offers_on_a_run_exactly_what_the_engine_accepts(admin_client,
     seen: dict[str, set[str]] = {}
     for state, run in runs.items():
         engine = {name for name, op in RUN_OPERATIONS.items() if accepted(op.perform, run)}
+        if any(accepted(restart, run, definition) for definition in ("run", "current")):
+            engine.add("restart")  # its own page (the pre-flight), the same rule
         page = offered_on_page(
             admin_client, reverse("admin:kumiflow_workflowrun_change", args=[run.pk])
         )
@@ -155,12 +162,12 @@ def test_the_admin_offers_on_a_run_exactly_what_the_engine_accepts(admin_client,
             assert confirmable(admin_client, url) == (name in engine), (state, name)
         seen[state] = engine
     # the states are the ones meant (and the compensated run is not offered a retry)
-    assert seen["compensated"] == set()
-    assert seen["failed"] == {"retry", "retry-current"}
-    assert seen["evolved"] == {"retry"}
+    assert seen["compensated"] == {"restart"}  # start again, not retry
+    assert seen["failed"] == {"retry", "retry-current", "restart"}
+    assert seen["evolved"] == {"retry", "restart"}
     assert seen["waiting"] == seen["compensating"] == {"cancel", "wake"}
     assert seen["queued"] == {"cancel"}
-    assert seen["completed"] == seen["cancelled"] == set()
+    assert seen["completed"] == seen["cancelled"] == {"restart"}
 
 
 def test_the_http_api_refuses_exactly_what_the_engine_refuses(runs):

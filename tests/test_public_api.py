@@ -36,6 +36,7 @@ def test_every_async_function_of_the_api_is_the_twin_of_a_sync_one():
         "aappend_event",
         "acancel_run",
         "aget_run",
+        "arestart_run",
         "aretry_run",
         "astart_workflow",
         "awake_run",

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Field, QuerySet, Value
+from django.db.models import Field, Q, QuerySet, Value
 from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 
@@ -39,7 +39,9 @@ from kumiflow_django.engine import unserved
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
+from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.store import clock, db, leases, replica
+from kumiflow_django.store import names as ev
 
 #: Counts stop here: an exact count of a million rows is a scan.
 CAP = 10_000
@@ -176,8 +178,12 @@ def status_table() -> dict[str, Any]:
         for n, s in zip(counts[: len(STATUSES)], STATUSES, strict=True)
     ]
     rows = []
+    idle = 0
     for i, name in enumerate(names):
         chunk = counts[(i + 1) * len(STATUSES) : (i + 2) * len(STATUSES)]
+        if not any(chunk):  # a registered workflow without runs: counted, not listed
+            idle += 1
+            continue
         rows.append(
             (
                 name,
@@ -188,7 +194,12 @@ def status_table() -> dict[str, Any]:
                 ],
             )
         )
-    return {"statuses": [s.label for s in STATUSES], "total": total, "rows": rows}
+    return {
+        "statuses": [s.label for s in STATUSES],
+        "total": total,
+        "rows": rows,
+        "idle": idle,
+    }
 
 
 # -- throughput ---------------------------------------------------------------
@@ -343,20 +354,32 @@ def backlog(now: datetime) -> dict[str, Any]:
     }
 
 
-def recoveries(now: datetime) -> Figure:
-    """Runs that finished in the last day after another worker took them over
-    from a stalled one (their lease ran out)."""
+def recovered_runs(now: datetime) -> QuerySet[WorkflowRun, WorkflowRun]:
+    """Runs that finished in the last day after a stalled worker was taken over:
+    the run's own lease ran out (another worker resumed it), or a task attempt
+    of it was given up because its worker was lost, and tried again."""
     since = now - timedelta(days=1)
-    [n] = capped_counts(
-        [
-            WorkflowRun.objects.filter(
-                status__in=[RunStatus.COMPLETED, RunStatus.FAILED],
-                finished_at__gte=since,
-                recoveries__gt=0,
-            )
-        ]
+    lost = StepTask.objects.filter(error_type=ev.WORKER_LOST, updated_at__gte=since)
+    return WorkflowRun.objects.filter(
+        Q(recoveries__gt=0) | Q(id__in=lost.values("run_id")),
+        status__in=[RunStatus.COMPLETED, RunStatus.FAILED],
+        finished_at__gte=since,
     )
+
+
+def recoveries(now: datetime) -> Figure:
+    """The runs of :func:`recovered_runs`."""
+    [n] = capped_counts([recovered_runs(now)])
     return _figure(n, runs_url(attention="recovered"))
+
+
+def delivery_problems() -> Figure:
+    """Completed runs with a dead or failing delivery: done, but not all of it."""
+    bad = Dispatch.objects.filter(status__in=[DispatchStatus.DEAD, DispatchStatus.FAILED])
+    [n] = capped_counts(
+        [WorkflowRun.objects.filter(status=RunStatus.COMPLETED, id__in=bad.values("run_id"))]
+    )
+    return _figure(n, runs_url(attention="delivery"))
 
 
 def outbox(now: datetime) -> dict[str, Any]:
@@ -416,6 +439,7 @@ def context() -> dict[str, Any]:
         "throughput": throughput(now),
         "backlog": backlog(now),
         "recoveries": recoveries(now),
+        "delivery_problems": delivery_problems(),
         "outbox": outbox(now),
         "cron": cron(now),
         "failures": recent_failures(now),

@@ -32,8 +32,9 @@ from kumiflow_django.conf import settings
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import outline, snapshot
 from kumiflow_django.engine import admission, unserved
-from kumiflow_django.projections.dispatches import Dispatch
-from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
+from kumiflow_django.projections.runs import COMPENSATE, FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.projections.waiting_for import waiting_for
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
@@ -117,9 +118,13 @@ def _path(cursor: Any) -> str:
     return ".".join(str(p) for p in cursor) if isinstance(cursor, list) and cursor else ""
 
 
-def _durations(events: list[Event], now: Any) -> dict[str, str]:
+def _durations(
+    events: list[Event], now: Any, ran: Mapping[str, float] | None = None
+) -> dict[str, str]:
     """Per step path: how long its work took (summed over segments and loop
-    items), or how long the run waited there."""
+    items), or how long the run waited there. ``ran``: the seconds a step's
+    work took outside the run's segments (a task step's attempts), which is
+    its duration rather than the instant its segment took to hand it over."""
     took: dict[str, float] = defaultdict(float)
     waited: dict[str, float] = defaultdict(float)
     waiting_since: tuple[str, Any] | None = None
@@ -138,15 +143,27 @@ def _durations(events: list[Event], now: Any) -> dict[str, str]:
     if waiting_since is not None:
         path, since = waiting_since
         waited[path] += max((now - since).total_seconds(), 0.0)
+    for path, seconds in (ran or {}).items():
+        took[path] = seconds * 1000
     texts: dict[str, str] = {}
     for path in set(took) | set(waited):
         parts = []
         if path in took:
-            parts.append(duration(took[path] / 1000))
+            parts.append(("ran " if path in (ran or {}) else "") + duration(took[path] / 1000))
         if path in waited:
             parts.append(f"waited {duration(waited[path])}")
         texts[path] = " · ".join(parts)
     return texts
+
+
+def _task_seconds(by_step: Mapping[str, list[Any]]) -> dict[str, float]:
+    """Per task step: the seconds its tasks' last attempts ran (their own clock)."""
+    ran: dict[str, float] = {}
+    for path, rows in by_step.items():
+        seconds = [r.duration for r in rows if isinstance(r, StepTask) and r.duration is not None]
+        if seconds:
+            ran[path] = float(sum(seconds))
+    return ran
 
 
 def _results(run: WorkflowRun, events: list[Event]) -> dict[str, Any]:
@@ -195,21 +212,32 @@ def _notes(
     events: list[Event],
     by_step: Mapping[str, list[Any]],
     results: dict[str, Any],
+    restart_points: Mapping[str, str],
 ) -> dict[str, StepNote]:
     now = clock.now()
-    durations = _durations(events, now)
+    durations = _durations(events, now, _task_seconds(by_step))
     cap = settings.ADMIN_PAYLOAD_CHARS
     notes: dict[str, StepNote] = {}
+    ran = set(run.trail or ())
 
     def visit(nodes: list[dict[str, Any]]) -> None:
         for node in nodes:
             note = StepNote(duration=durations.get(node["path"], ""))
             name = node.get("name")
-            if isinstance(name, str) and name in results:
+            # Results are kept by name: a step that did not run (the branch not
+            # taken) shows none, not the result of its namesake that ran.
+            if isinstance(name, str) and name in results and node["path"] in ran:
                 note.result = value_details(results[name], cap)
             annotate = STEP_NOTES.get(node["kind"])
             if annotate is not None:
                 note.extra.extend(annotate(run, node, by_step.get(node["path"], [])))
+            if node["path"] in restart_points:
+                note.extra.append(
+                    format_html(
+                        '<a class="kf-restart-here" href="{}">restart from here</a>',
+                        restart_points[node["path"]],
+                    )
+                )
             notes[node["path"]] = note
             for kids in node["children"].values():
                 visit(kids)
@@ -234,7 +262,7 @@ def _failure(
         return None
     failed = next((e for e in reversed(events) if e.type == ev.RUN_FAILED), None)
     p: Mapping[str, Any] = failed.payload if failed is not None else {}
-    node = find(steps, run.cursor_text) if steps and run.cursor_text else None
+    path, words = step_words(run, run.cursor_text, steps)
     at_failure = p.get("steps")
     return {
         "reason": p.get("reason") or run.reason,
@@ -243,11 +271,36 @@ def _failure(
         "steps": value_details(at_failure, settings.ADMIN_PAYLOAD_CHARS, limit=160)
         if isinstance(at_failure, dict)
         else None,
-        "step": node["label"] if node else "",
-        "path": run.cursor_text,
+        "step": words,
+        "path": path,
         "event": failed,
         "hint": HINTS.get(str(p.get("reason") or run.reason), ""),
     }
+
+
+def step_words(run: WorkflowRun, path: str, steps: list[dict[str, Any]] | None) -> tuple[str, str]:
+    """A step path as the headline says it, and the step in words: a position in
+    the compensations (``$compensate.0``) becomes the compensation's own step,
+    and a compensation's step names the step it undoes."""
+    if not path or not steps:
+        return path, ""
+    parts = path.split(".")
+    if parts[0] == COMPENSATE:
+        entries = (run.state or {}).get("compensations") or []
+        try:
+            entry = entries[len(entries) - 1 - int(parts[1])]
+            base = ".".join(str(p) for p in entry["path"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            return path, "a compensation"
+        path = ".".join([base, "compensate", *parts[2:]])
+    node = find(steps, path)
+    words = node["label"] if node else ""
+    if ".compensate" in path:
+        base = path.split(".compensate", 1)[0]
+        owner = find(steps, base)
+        undoes = f"the compensation of step {base}" + (f" ({owner['label']})" if owner else "")
+        words = f"{words}, {undoes}" if words else undoes
+    return path, words
 
 
 def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
@@ -300,7 +353,9 @@ def _held(run: WorkflowRun) -> dict[str, Any] | None:
     }
 
 
-def context(run: WorkflowRun) -> dict[str, Any]:
+def context(run: WorkflowRun, *, restart_points: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``restart_points``: the restart page of each step the run can restart
+    from (the picture links them), when the viewer may restart it."""
     events = _events(run)
     rows = list(Dispatch.objects.filter(run_id=run.id).order_by("created_at")[:DISPATCHES])
     attempts = structure.task_attempts(run)
@@ -322,7 +377,7 @@ def context(run: WorkflowRun) -> dict[str, Any]:
             trail=run.trail,
             cursor=run.cursor,
             status=run.status,
-            notes=_notes(run, steps, events, by_step, results),
+            notes=_notes(run, steps, events, by_step, results, restart_points or {}),
         )
     merged = sorted([*events, *_outbox_events(rows)], key=lambda e: e.position)
     labels = {n["path"]: n["label"] for n in _flat(steps or [])}
@@ -345,4 +400,12 @@ def context(run: WorkflowRun) -> dict[str, Any]:
         "timeline_capped": len(events) == TIMELINE_EVENTS,
         "events_url": stream_url(str(run.id), run.tenant_id),
         "dispatches_url": reverse("admin:kumiflow_dispatch_changelist") + f"?run={run.id}",
+        "delivery_problems": _delivery_problems(run, rows),
     }
+
+
+def _delivery_problems(run: WorkflowRun, rows: list[Dispatch]) -> list[Dispatch]:
+    """A completed run's dead or failing deliveries: "completed" is not the whole story."""
+    if run.status != RunStatus.COMPLETED:
+        return []
+    return [d for d in rows if d.status in (DispatchStatus.DEAD, DispatchStatus.FAILED)]

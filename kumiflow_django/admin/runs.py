@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -19,7 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import overview, run_page, send_event
+from kumiflow_django.admin import overview, restart, run_page, send_event
 from kumiflow_django.admin.base import (
     CheckedChangeList,
     FieldFilter,
@@ -39,7 +38,7 @@ from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.engine import deploys, operations, unserved
 from kumiflow_django.engine.operations import retry_point
-from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
+from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.waiting_for import waiting_for
 from kumiflow_django.store import clock, leases
@@ -222,6 +221,7 @@ class AttentionFilter(admin.SimpleListFilter):
             ("stalled", "stalled (lease ran out)"),
             ("recovered", "recovered in the last day"),
             ("definition", "waits for a worker with its definition"),
+            ("delivery", "completed, a delivery dead or failing"),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -232,12 +232,11 @@ class AttentionFilter(admin.SimpleListFilter):
             return queryset.filter(leases.stalled_q(now), wake_at__lte=now)
         if self.value() == "definition":
             return queryset.filter(pk__in=unserved.waiting(now).values("pk"))
-        if self.value() == "recovered":
-            return queryset.filter(
-                status__in=[RunStatus.COMPLETED, RunStatus.FAILED],
-                finished_at__gte=now - timedelta(days=1),
-                recoveries__gt=0,
-            )
+        if self.value() == "recovered":  # the overview's figure, the same query
+            return queryset.filter(pk__in=overview.recovered_runs(now).values("pk"))
+        if self.value() == "delivery":
+            bad = Dispatch.objects.filter(status__in=[DispatchStatus.DEAD, DispatchStatus.FAILED])
+            return queryset.filter(status=RunStatus.COMPLETED, id__in=bad.values("run_id"))
         return queryset
 
 
@@ -287,6 +286,32 @@ class RunChangeList(CheckedChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         business_keys(list(self.result_list))
+        delivery_problems(list(self.result_list))
+
+
+def delivery_problems(runs: Sequence[WorkflowRun]) -> None:
+    """Set ``run.delivery_problem``: for a completed run whose outbox has a dead
+    or failing delivery, what it is (``webhook dead``); one query per page."""
+    for run in runs:
+        run.delivery_problem = ""  # type: ignore[attr-defined]
+    completed = {r.id: r for r in runs if r.status == RunStatus.COMPLETED}
+    if not completed:
+        return
+    rows = (
+        Dispatch.objects.filter(
+            run_id__in=list(completed),
+            status__in=[DispatchStatus.DEAD, DispatchStatus.FAILED],
+        )
+        .values_list("run_id", "kind", "status")
+        .order_by("run_id", "kind")
+    )
+    found: dict[Any, list[str]] = {}
+    for run_id, kind, status in rows:
+        text = f"{kind} {'dead' if status == DispatchStatus.DEAD else 'failing'}"
+        if text not in found.setdefault(run_id, []):
+            found[run_id].append(text)
+    for run_id, texts in found.items():
+        completed[run_id].delivery_problem = ", ".join(texts)  # type: ignore[attr-defined]
 
 
 def business_keys(runs: Sequence[WorkflowRun]) -> None:
@@ -355,12 +380,35 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         where = self.at_step(run)
         waiting = self.waiting_for(run)
         parts = [p for p in (f"at {where}" if where else "", waiting) if p]
+        # why it failed, was cancelled, or is not quite done: under its status
+        why = self.problem(run)
+        why_line = format_html('<span class="kf-sub">{}</span>', why) if why else ""
         if not parts:
-            return badge(run.status, run.get_status_display())
+            return format_html("{}{}", badge(run.status, run.get_status_display()), why_line)
         return format_html(
-            '{}<span class="kf-sub">{}</span>',
+            '{}<span class="kf-sub">{}</span>{}',
             badge(run.status, run.get_status_display()),
             format_html_join(" · ", "{}", ((p,) for p in parts)),
+            why_line,
+        )
+
+    @admin.display(description="why")
+    def problem(self, run: WorkflowRun) -> SafeString | str:
+        """Why a run failed or was cancelled (its reason, the error's first line),
+        or the dead or failing delivery of a run that completed."""
+        delivery = getattr(run, "delivery_problem", "")
+        if delivery:
+            return format_html('<span class="kf-delivery-problem">⚠ {}</span>', delivery)
+        if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            return ""
+        first = (run.last_error or "").strip().splitlines()
+        text = first[0][:120] if first else ""
+        reason = run.reason if run.status == RunStatus.FAILED else ""
+        return format_html(
+            '<span class="kf-why" title="{}">{}{}</span>',
+            run.last_error or "",
+            f"{reason}: " if reason and text else reason,
+            text,
         )
 
     @admin.display(description="business key")
@@ -517,7 +565,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     ) -> HttpResponse:
         run = self.object_or_404(request, object_id)
         business_keys([run])
-        context = run_page.context(run)
+        # restart from a step (its own page: the pre-flight); the picture links its steps
+        offered = restart.offer(run) if self.user_can(request, restart.PERMISSION) else None
+        context = run_page.context(run, restart_points=offered.points if offered else None)
         context["operations"] = [
             (name, op.label)
             for name, op in self.operations.items()
@@ -526,6 +576,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         context["can_send_event"] = send_event.refuse(run) is None and self.user_can(
             request, "send_event_workflowrun"
         )
+        context["restart_label"] = offered.label if offered else None
         return super().change_view(
             request, object_id, form_url, {**context, **(extra_context or {})}
         )
@@ -546,6 +597,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
                 name="kumiflow_workflowrun_operate",
             ),
             path(
+                "<path:object_id>/restart/",
+                view(self.restart_view),
+                name="kumiflow_workflowrun_restart",
+            ),
+            path(
                 "<path:object_id>/send-event/",
                 view(self.send_event_view),
                 name="kumiflow_workflowrun_send_event",
@@ -557,6 +613,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         return operate_view(
             self, request, object_id, operation, title=lambda run: f"Run {str(run.id)[:8]}"
         )
+
+    def restart_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return restart.restart_view(self, request, object_id)
 
     def send_event_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return send_event_view(self, request, object_id)

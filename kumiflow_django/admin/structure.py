@@ -97,6 +97,12 @@ def _attempts_of(task: StepTask, events: list[Event]) -> list[Attempt]:
             current.error = str(p.get("reason") or "")
         else:
             current.status = "retried" if event.type == ev.TASK_ATTEMPT_FAILED else "failed"
+            if p.get("error_type") == ev.WORKER_LOST:  # its lease ran out with no result
+                current.status = (
+                    "worker lost, retried"
+                    if event.type == ev.TASK_ATTEMPT_FAILED
+                    else "worker lost"
+                )
             current.error = str(p.get("error") or "")
             current.error_type = str(p.get("error_type") or "")
             current.traceback = str(p.get("traceback") or "")

@@ -65,6 +65,11 @@ def _started(p: dict[str, Any]) -> str:
         text += f", key {p['idempotency_key']}"
     if p.get("mode") == "deferred":
         text += ", for a worker to run"
+    restart = p.get("restart")
+    if isinstance(restart, dict):  # an operator's restart of an earlier run
+        who = f" by {restart['by']}" if restart.get("by") else ""
+        why = f" ({restart['reason']})" if restart.get("reason") else ""
+        text += f"; restarted{who} from step {restart.get('step')} of run {restart.get('run')}{why}"
     return text
 
 
@@ -123,6 +128,10 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     ev.RUN_CANCELLED: lambda p: "cancelled",
     ev.RUN_RETRIED: _retried,
     ev.RUN_WOKEN: lambda p: "woken now",
+    ev.RUN_RESTARTED: lambda p: (
+        f"restarted from step {p.get('from_step')} as run {p.get('run')} "
+        f"(on {'the current' if p.get('definition') == 'current' else 'its own'} definition)"
+    ),
     ev.RUN_RECOVERED: lambda p: "recovered after a stalled worker",
     ev.DEFINITION_SWITCHED: _switched,
     ev.SEGMENT_REFUSED: lambda p: (
@@ -228,6 +237,7 @@ _OPERATOR_EVENTS = frozenset(
         ev.RUN_CANCELLED,
         ev.RUN_WOKEN,
         ev.RUN_RETRIED,
+        ev.RUN_RESTARTED,
         ev.DISPATCH_CANCELLED,
         ev.DISPATCH_REDELIVERY,
         ev.CRON_FIRED,

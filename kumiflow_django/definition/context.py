@@ -190,6 +190,9 @@ class Context:
         #: Side effects the segment commits with the run (outbox requests, tasks,
         #: child runs, what cancelled branches left).
         self.effects: list[Effect] = []
+        #: A restarted run's first segment: the step at its cursor runs anew
+        #: (it was never suspended there), it is not resumed.
+        self.fresh = False
         self._attempts: list[int] = []
         #: What resolvers see: the same context, read-only.
         self.view = ResolverContext(self)

@@ -22,6 +22,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
+from kumiflow_django.engine.restart import restart_run
 from kumiflow_django.engine.starting import start_workflow
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store.deprecation import keyword_only
@@ -68,12 +69,14 @@ aget_run = async_twin(get_run)
 acancel_run = async_twin(cancel_run)
 aretry_run = async_twin(retry_run)
 awake_run = async_twin(wake_run)
+arestart_run = async_twin(restart_run)
 
 
 __all__ = [
     "aappend_event",
     "acancel_run",
     "aget_run",
+    "arestart_run",
     "aretry_run",
     "astart_workflow",
     "async_twin",

@@ -237,7 +237,14 @@ def retry_point(run: WorkflowRun) -> dict[str, Any]:
                 if resumed is not None and resumed.payload.get("event"):
                     restore["matched_position"] = resumed.payload["event"]["position"]
             return restore
-    return {"status": RunStatus.PENDING, "cursor": None, "state": new_state(), "attempt": 1}
+    started = events[-1].payload if events and events[-1].type == ev.RUN_STARTED else {}
+    restart = started.get("restart") or {}  # a restarted run begins at its from-step
+    return {
+        "status": RunStatus.PENDING,
+        "cursor": restart.get("cursor"),
+        "state": restart.get("state") or new_state(),
+        "attempt": 1,
+    }
 
 
 def _retry_task(run: WorkflowRun, restore: dict[str, Any]) -> StepTask | None:

@@ -319,7 +319,8 @@ def opening(
         state = check_state(copy.deepcopy(run.state))
         if run.child_waits:
             state_part(state, "settled").update(children_settled(run))
-        cursor = None if run.status in (RunStatus.PENDING, RunStatus.QUEUED) else run.cursor
+        # A run that has not begun has no cursor, but a restarted one (its from-step).
+        cursor = run.cursor
         if cursor is not None and compensation.active(cursor):
             compensation.check(workflow, cursor, state)
         elif cursor is not None:
@@ -346,7 +347,7 @@ def opening(
             run.tenant_id,
             run,
             first=[(ev.RUN_ADMITTED, admitted)],
-            steps=Steps(workflow, trigger, cursor=None, state=state, wake=actual),
+            steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
             flow_entry=flow_entry,
         )
     resumed: pl.StepResumed = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}

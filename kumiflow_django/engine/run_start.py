@@ -23,6 +23,7 @@ savepoint of the caller's transaction.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,35 @@ class ParentLink:
 
 
 @dataclass(frozen=True)
+class RestartFrom:
+    """A run restarted from a step of an earlier run (``engine.restart``): it
+    begins at ``cursor`` (that step, run fresh, not resumed) with ``state``,
+    the results the earlier run had before it; nothing before it runs again."""
+
+    run: uuid.UUID
+    step: str
+    cursor: list[Any]
+    state: dict[str, Any]
+    definition: str
+    by: str = ""
+    reason: str = ""
+
+    def payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "run": str(self.run),
+            "step": self.step,
+            "cursor": self.cursor,
+            "state": self.state,
+            "definition": self.definition,
+        }
+        if self.by:
+            payload["by"] = self.by
+        if self.reason:
+            payload["reason"] = self.reason
+        return payload
+
+
+@dataclass(frozen=True)
 class RunStart:
     """What one start of a run knows before anything of it runs.
 
@@ -85,6 +115,8 @@ class RunStart:
     #: The log positions in flight below ``since`` when several starts share
     #: it (the children of one segment): looked up once for all; None: here.
     gaps: list[int] | None = None
+    #: An operator's restart of an earlier run from one of its steps.
+    restart: RestartFrom | None = None
     # Random, also for keyed runs: an id derived from the key would be a
     # stream id anyone could take first. The run table's unique key (tenant,
     # workflow, idempotency key) makes a second start a no-op.
@@ -125,8 +157,13 @@ class RunStart:
                 held = "held" in flow
         steps = None
         if workflow.start_mode == "inline" and not held:
+            restart = self.restart
             steps = Steps(
-                workflow, self.trigger, cursor=None, state=new_state(), wake=Wake(WakeReason.START)
+                workflow,
+                self.trigger,
+                cursor=None if restart is None else list(restart.cursor),
+                state=new_state() if restart is None else copy.deepcopy(restart.state),
+                wake=Wake(WakeReason.START),
             )
         return Opening(
             run_id=self.run_id,
@@ -167,6 +204,8 @@ class RunStart:
             started["input"] = self.input
         if self.parent is not None:
             started["parent"] = self.parent.payload()
+        if self.restart is not None:
+            started["restart"] = self.restart.payload()
         priority = workflow.priority if self.priority is None else self.priority
         if priority:
             started["priority"] = priority

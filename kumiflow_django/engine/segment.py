@@ -25,6 +25,7 @@ from kumiflow_django.definition.context import (
     TaskRequest,
     Trigger,
     Wake,
+    WakeReason,
     state_part,
 )
 from kumiflow_django.definition.durations import isoformat
@@ -193,6 +194,8 @@ def advance(
     )
     token = _depth.set(_depth.get() + 1)
     compensating = compensation.active(cursor)
+    # A start with a cursor is a restart (engine.restart): its step runs anew.
+    ctx.fresh = wake.reason == WakeReason.START and cursor is not None and not compensating
     try:
         if compensating:
             compensation.run(workflow, ctx, cursor or [])

@@ -7,6 +7,7 @@ failed; the caller's own writes (the domain event) still commit.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +22,7 @@ from kumiflow_django.definition.triggers import EventTrigger
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.resuming import after_segment
-from kumiflow_django.engine.run_start import RunStart, trigger_ref
+from kumiflow_django.engine.run_start import RestartFrom, RunStart, trigger_ref
 from kumiflow_django.engine.runner import start
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import DEBOUNCE, lock_bucket, lock_key
@@ -276,6 +277,8 @@ def start_run(
     failure: Failure | None = None,
     priority: int | None = None,
     debounce: dict[str, Any] | None = None,
+    restart: RestartFrom | None = None,
+    run_id: uuid.UUID | None = None,
 ) -> WorkflowRun:
     """Record a run (and run its first segment when inline): one
     :class:`~kumiflow_django.engine.run_start.RunStart`, then the loops are
@@ -296,6 +299,8 @@ def start_run(
             priority=priority,
             failure=failure,
             debounce=debounce,
+            restart=restart,
+            run_id=run_id or uuid.uuid4(),
         )
     )
     assert run is not None  # a start always leaves a run (or finds the keyed one)

@@ -147,6 +147,54 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         params=(RUN_ID,),
         errors=(400, 401, 403, 404, 409),
     ),
+    # -- restart from a step (a new run, linked to the old) --
+    Endpoint(
+        "planRestart",
+        "get",
+        "/runs/{run_id}/restart/",
+        "run-restart",
+        "The pre-flight of a restart",
+        "What restarting the run from `from_step` would do, changing nothing: the "
+        "steps it can restart from, the steps that run again, each side effect that "
+        "happens again (mails, webhooks, tasks, child runs) and under which "
+        "idempotency key, the results carried; `refusal` says why it does not apply.",
+        tokens.VIEW,
+        200,
+        "RestartPlan",
+        params=(
+            RUN_ID,
+            Param(
+                "from_step",
+                "query",
+                {"type": "string", "maxLength": 200},
+                "The step's path (`2`, `2.then.0`); default `0`, its first step.",
+            ),
+            Param(
+                "definition",
+                "query",
+                {"type": "string", "enum": ["run", "current"]},
+                "On the run's own definition (default) or the workflow's current one.",
+            ),
+        ),
+        errors=(400, 401, 403, 404),
+    ),
+    Endpoint(
+        "restartRun",
+        "post",
+        "/runs/{run_id}/restart/",
+        "run-restart",
+        "Restart a run from a step",
+        "Starts a new run from a step of a failed, cancelled or completed run, with "
+        "the results its steps before it had; the old run keeps its end and gets a "
+        "`run-restarted` event naming the new run. Answers the new run. A run or a "
+        "step it does not apply to is a 409 (see the pre-flight, GET).",
+        tokens.RETRY,
+        201,
+        "OperatedRun",
+        request="RestartRun",
+        params=(RUN_ID,),
+        errors=(400, 401, 403, 404, 409),
+    ),
     Endpoint(
         "wakeRun",
         "post",

@@ -305,6 +305,73 @@ RETRY_RUN: dict[str, Any] = {
     },
 }
 
+RESTART_RUN: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["from_step"],
+    "properties": {
+        "from_step": {
+            "type": "string",
+            "maxLength": 200,
+            "description": "The step's path, as the run's trail names it (`2`, `2.then.0`); "
+            "`0` starts the run again with the same input.",
+        },
+        "definition": {
+            "type": "string",
+            "enum": ["run", "current"],
+            "description": "Run on the run's own definition (default) or the current one.",
+        },
+        "reason": _REASON,
+    },
+}
+
+_PLAN_STEP = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string"},
+        "kind": {"type": "string"},
+        "name": {"type": ["string", "null"]},
+        "label": {"type": "string"},
+    },
+}
+
+RESTART_PLAN: dict[str, Any] = {
+    "type": "object",
+    "description": "What a restart would do (kumiflow_django.restart_plan).",
+    "properties": {
+        "run": {"type": "string", "format": "uuid"},
+        "workflow": {"type": "string"},
+        "from_step": {"type": "string"},
+        "definition": {"type": "string", "enum": ["run", "current"]},
+        "choices": {"type": "array", "items": _PLAN_STEP, "description": "Restart points."},
+        "again": {"type": "array", "items": _PLAN_STEP, "description": "Steps that may run."},
+        "repeats": {
+            "type": "array",
+            "description": "Each side effect that happens again.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "what": {"type": "string"},
+                    "name": {"type": ["string", "null"]},
+                    "key": {
+                        "type": "string",
+                        "enum": ["new", "old", "none"],
+                        "description": "A new idempotency key, the old one, or none (in "
+                        "the run's transaction).",
+                    },
+                    "note": {"type": "string"},
+                },
+            },
+        },
+        "carried": {"type": "array", "items": {"type": "string"}},
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "definition_changed": {"type": "boolean"},
+        "idempotency_key": {"type": ["string", "null"]},
+        "refusal": {"type": ["string", "null"]},
+    },
+}
+
 #: What an operation answers: the run, or only its summary to a caller that
 #: may operate runs but not view them (an operator bot's token).
 OPERATED_RUN: dict[str, Any] = {
@@ -326,6 +393,8 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "CancelRun": CANCEL_RUN,
     "RetryRun": RETRY_RUN,
     "WakeRun": WAKE_RUN,
+    "RestartRun": RESTART_RUN,
+    "RestartPlan": RESTART_PLAN,
 }
 
 _TYPES: dict[str, Any] = {

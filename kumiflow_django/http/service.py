@@ -20,6 +20,8 @@ from kumiflow_django import (
     UnknownWorkflow,
     append_event,
     cancel_run,
+    restart_plan,
+    restart_run,
     retry_run,
     start_workflow,
     wake_run,
@@ -212,6 +214,48 @@ def operate(
     if principal.has_perm(tokens.VIEW):
         return serializers.run_detail(updated)
     return serializers.run_summary(updated)  # the permission to act is not one to read
+
+
+def plan_restart(principal: Principal, run_id: str, query: dict[str, Any]) -> dict[str, Any]:
+    """The pre-flight of a restart (``restart_plan``), changing nothing."""
+    principal.require(tokens.VIEW)
+    run = find_run(principal, run_id)
+    try:
+        plan = restart_plan(
+            run.id,
+            query.get("from_step") or "0",
+            definition=query.get("definition") or "run",
+            tenant=run.tenant_id,
+        )
+    except KumiflowError as exc:
+        raise from_kumiflow(exc) from exc
+    return plan.as_dict()
+
+
+def restart(principal: Principal, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Restart a run from a step (``restart_run``): the new run."""
+    principal.require(tokens.RETRY)
+    run = find_run(principal, run_id)
+    by = operator(principal)
+    try:
+        __, reason = check_operator(by, body.get("reason", ""))
+    except InvalidEvent as exc:
+        raise from_kumiflow(exc, field="reason") from exc
+    try:
+        new = restart_run(
+            run.id,
+            from_step=body["from_step"],
+            definition=body.get("definition", "run"),
+            tenant=run.tenant_id,
+            by=by,
+            reason=reason,
+        )
+    except KumiflowError as exc:
+        raise from_kumiflow(exc) from exc
+    logger.info("run %s restarted as %s by %s", run.id, new.id, principal.name)
+    if principal.has_perm(tokens.VIEW):
+        return serializers.run_detail(new)
+    return serializers.run_summary(new)
 
 
 def operator(principal: Principal) -> str:

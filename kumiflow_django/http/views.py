@@ -54,6 +54,8 @@ HANDLERS: dict[str, Handler] = {
     "retryRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "retry", c.body)),
     "wakeRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "wake", c.body)),
     "appendEvent": lambda c: (201, service.append(c.principal, c.body)),
+    "planRestart": lambda c: (200, service.plan_restart(c.principal, c.path["run_id"], c.query)),
+    "restartRun": lambda c: (201, service.restart(c.principal, c.path["run_id"], c.body)),
 }
 
 

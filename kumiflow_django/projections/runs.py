@@ -341,6 +341,10 @@ def _started(event: Event) -> WorkflowRun:
         version=0,
     )
     run.priority = p.get("priority", 0)
+    restart = p.get("restart")
+    if restart:  # it begins at the step it was restarted from, with the results before it
+        run.cursor = restart["cursor"]
+        run.state = restart["state"]
     _flow(run, p.get("flow"))
     parent = p.get("parent")
     if parent:
@@ -566,7 +570,8 @@ def _segment_refused(run: WorkflowRun, event: Event) -> None:
 
 
 def _nothing(run: WorkflowRun, event: Event) -> None:
-    """``run-started``: :func:`_started` made the row."""
+    """``run-started``: :func:`_started` made the row. ``run-restarted``: the
+    run's end stays as it was (the restart is a new run, which names it)."""
 
 
 #: How each run event changes the row (after :func:`apply` set its version).
@@ -591,6 +596,7 @@ FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
     ev.RUN_RETRIED: _retried,
     ev.RUN_RECOVERED: _recovered,
     ev.SEGMENT_REFUSED: _segment_refused,
+    ev.RUN_RESTARTED: _nothing,
 }
 
 

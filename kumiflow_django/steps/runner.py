@@ -29,6 +29,8 @@ def run_steps(
         path = [*prefix, index]
         kind = get_kind(step.kind)
         step_resume = inner if resume is not None and index == start else None
+        if step_resume == [] and ctx.fresh:  # a restart begins here: run it, do not resume it
+            step_resume, ctx.fresh = None, False
         key = path_text(path)
         began = time.perf_counter()
         # telemetry: the step's span, and its path in the log fields

@@ -39,6 +39,9 @@ RUN_DEBOUNCED = "kumiflow.workflow.run-debounced"
 #: A deploy changed the run's definition in steps it has not reached: it
 #: carries on on the registered one (docs/deploying.md, "Compatible changes").
 DEFINITION_SWITCHED = "kumiflow.workflow.definition-switched"
+#: An operator restarted this (finished) run from one of its steps: a new run,
+#: linked to it; this run's end stays what it was.
+RUN_RESTARTED = "kumiflow.workflow.run-restarted"
 
 RUN_EVENTS = frozenset(
     {
@@ -62,6 +65,7 @@ RUN_EVENTS = frozenset(
         RUN_ADMITTED,
         RUN_DEBOUNCED,
         DEFINITION_SWITCHED,
+        RUN_RESTARTED,
     }
 )
 
@@ -103,6 +107,10 @@ TASK_CANCELLED = "kumiflow.task.cancelled"
 TASK_RESULT_IGNORED = "kumiflow.task.result-ignored"
 #: An operator retried a run whose task had failed: the task runs again.
 TASK_RETRIED = "kumiflow.task.retried"
+
+#: The error type of a task attempt given up because its lease ran out with no
+#: result: its worker was lost (killed, cut off) or the attempt is stuck.
+WORKER_LOST = "WorkerLost"
 
 #: The awaited "event type" of a task step: either outcome of its task.
 TASK_SETTLED = "kumiflow.task.settled"

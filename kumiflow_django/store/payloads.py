@@ -131,6 +131,8 @@ class RunStarted(TypedDict):
     since_gaps: NotRequired[list[int]]
     flow: NotRequired[FlowRef]
     parent: NotRequired[ParentRef]
+    #: A restart of an earlier run from one of its steps (engine.restart).
+    restart: NotRequired[dict[str, Any]]
 
 
 class Suspended(TypedDict):
@@ -218,6 +220,17 @@ class RunRetried(TypedDict):
 
 
 class RunWoken(TypedDict):
+    by: NotRequired[str]
+    reason: NotRequired[str]
+
+
+class RunRestarted(TypedDict):
+    """On the old run: the new run that restarted it from ``from_step``."""
+
+    run: str
+    from_step: str
+    definition: str
+    idempotency_key: NotRequired[str]
     by: NotRequired[str]
     reason: NotRequired[str]
 
@@ -460,6 +473,7 @@ PAYLOADS: dict[str, type[Any]] = {
     ev.RUN_CANCELLED: RunCancelled,
     ev.RUN_RETRIED: RunRetried,
     ev.RUN_WOKEN: RunWoken,
+    ev.RUN_RESTARTED: RunRestarted,
     ev.RUN_RECOVERED: RunRecovered,
     ev.SEGMENT_REFUSED: SegmentRefused,
     ev.STEP_WAITING_FOR_CHILD: StepWaitingForChild,

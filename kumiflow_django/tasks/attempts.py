@@ -283,7 +283,7 @@ def record(attempt: Attempt, outcome: Outcome) -> StepTask | None:
         if current and leases.ran_out(task.lease_until, now):
             # It outlived its lease and no sweep gave it up yet: given up here,
             # as the sweep would, so its result comes too late below.
-            task = _give_up(task, now)
+            task = _give_up(task, now, late=True)
         if task.status != TaskStatus.RUNNING or task.attempt != attempt.number:
             logger.info(
                 "task %s: the result of attempt %d came too late (the task is %s at attempt %d)",
@@ -350,18 +350,31 @@ def expire(task_id: uuid.UUID, now: datetime) -> StepTask | None:
         return None
 
 
-def _give_up(task: StepTask, now: datetime) -> StepTask:
+def _give_up(task: StepTask, now: datetime, *, late: bool = False) -> StepTask:
     """Give up the running attempt of a locked task whose lease ran out at ``now``
-    (the one way, for the sweep and for a result that comes after the lease)."""
+    (the one way, for the sweep and for a result that comes after the lease).
+
+    The sweep finds no result at all: its worker was lost (or the attempt is
+    stuck), and the attempt says so (``WorkerLost``), with how long it ran
+    before its last sign of life (its last heartbeat, else its lease's end).
+    A result that comes after the lease (``late``) timed out."""
     started, lease = task.started_at or now, task.lease_until or now
+    last = lease
     if task.heartbeat_timeout is not None and lease < started + timedelta(seconds=task.timeout):
         why = f"no heartbeat for {task.heartbeat_timeout:g} s"
+        last = task.heartbeat_at or started
     else:
         why = f"timed out after {task.timeout:g} s"
     if task.worker:
         why += f" (worker {task.worker})"
+    if late:
+        error_type, ran = "TimeoutError", now
+    else:
+        error_type, ran = ev.WORKER_LOST, min(last, now)
+        why = f"worker lost: no result within its lease, {why}"
     logger.warning("task %s: attempt %d given up: %s", task.id, task.attempt, why)
-    outcome = Outcome(ok=False, error=why, error_type="TimeoutError")
+    seconds = max((ran - started).total_seconds(), 0.0)
+    outcome = Outcome(ok=False, error=why, error_type=error_type, duration=seconds)
     updated = _failed(task, task.attempt, outcome)
     gates.release_task(updated)
     return updated

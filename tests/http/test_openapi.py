@@ -98,6 +98,13 @@ def test_every_answer_matches_the_document(document, token_client, registry):
     check("post", "/runs/{run_id}/wake/", api.post_json(f"{API}runs/{run}/wake/"))  # 409 now
     check("post", "/runs/{run_id}/retry/", api.post_json(f"{API}runs/{failed.json()['id']}/retry/"))
     check("post", "/runs/{run_id}/retry/", api.post_json(f"{API}runs/{run}/retry/", {"x": 1}))
+    broken = failed.json()["id"]
+    check("get", "/runs/{run_id}/restart/", api.get(f"{API}runs/{broken}/restart/"))
+    check("get", "/runs/{run_id}/restart/", api.get(f"{missing}restart/"))
+    restart = f"{API}runs/{broken}/restart/"
+    check("post", "/runs/{run_id}/restart/", api.post_json(restart, {"from_step": "0"}))
+    check("post", "/runs/{run_id}/restart/", api.post_json(restart, {"from_step": "9"}))
+    check("post", "/runs/{run_id}/restart/", api.post_json(restart, {}))
     check("post", "/runs/{run_id}/cancel/", api.post_json(f"{API}runs/{run}/cancel/"))
     check("post", "/runs/{run_id}/cancel/", api.post_json(f"{missing}cancel/"))
     check("post", "/events/", api.post_json(f"{API}events/", {"stream_id": "o", "type": "go"}))
