@@ -99,7 +99,7 @@ def test_a_task_step_shows_how_long_its_task_ran(admin_client, registry, clock):
     define_workflow(
         "slow",
         steps=[
-            s.task("work", shop_tasks.sleep_then, args=lambda ctx: ["slow-1", 0.3, 1]),
+            s.task("work", shop_tasks.heartbeating, args=lambda ctx: ["slow-1", 0.3, 0.1]),
             s.return_(lambda ctx: ctx.steps["work"]),
         ],
     )
