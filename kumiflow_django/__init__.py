@@ -49,6 +49,12 @@ _EXPORTS: dict[str, str] = {
     "wake_run": "kumiflow_django.engine.operations",
     "retry_run": "kumiflow_django.engine.operations",
     "cancel_run": "kumiflow_django.engine.operations",
+    # search attributes and approvals
+    "find_runs": "kumiflow_django.projections.runs",
+    "decide_approval": "kumiflow_django.engine.approvals",
+    "waiting_approvals": "kumiflow_django.engine.approvals",
+    "adecide_approval": "kumiflow_django.engine.aio",
+    "InvalidApproval": "kumiflow_django.store.errors",
     "InvalidDispatchState": "kumiflow_django.store.errors",
     "DispatchNotFound": "kumiflow_django.store.errors",
     "cancel_dispatch": "kumiflow_django.outbox.actions",
@@ -115,6 +121,11 @@ __all__ = [
     "wake_run",
     "retry_run",
     "cancel_run",
+    "find_runs",
+    "decide_approval",
+    "waiting_approvals",
+    "adecide_approval",
+    "InvalidApproval",
     "InvalidDispatchState",
     "DispatchNotFound",
     "cancel_dispatch",
@@ -255,13 +266,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiflow_django.engine.aio import (
         aappend_event,
         acancel_run,
+        adecide_approval,
         aget_run,
         aretry_run,
         astart_workflow,
         awake_run,
         get_run,
     )
+    from kumiflow_django.engine.approvals import decide_approval, waiting_approvals
     from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
+    from kumiflow_django.projections.runs import find_runs
     from kumiflow_django.engine.starting import start_workflow
     from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
     from kumiflow_django.outbox.kinds import register_dispatch_kind
@@ -273,6 +287,7 @@ if TYPE_CHECKING:  # pragma: no cover
         DeliveryFailure,
         DispatchNotFound,
         ImmutableEvent,
+        InvalidApproval,
         InvalidDispatchState,
         InvalidEvent,
         InvalidRunState,

@@ -8,10 +8,11 @@ fingerprint is computed once, here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kumiflow_django.definition.attributes import check_declared
 from kumiflow_django.definition.fingerprint import UnstableValue, canonical_value, fingerprint
 from kumiflow_django.definition.flow import Limit, Rate, check_priority
 from kumiflow_django.definition.matching import check_path
@@ -50,6 +51,10 @@ class Workflow:
     concurrency: Limit | None = None
     rate: Rate | None = None
     priority: int = 0
+    #: Search attributes resolved at the start (name -> value or function of
+    #: the context): not in the fingerprint; they change what the console and
+    #: ``with_attribute`` find, not what runs.
+    attributes: dict[str, Any] = field(default_factory=dict)
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
@@ -217,6 +222,7 @@ def define_workflow(
     concurrency: Limit | None = None,
     rate: Rate | None = None,
     priority: int = 0,
+    attributes: Mapping[str, Any] | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define (and register) a workflow.
@@ -229,7 +235,9 @@ def define_workflow(
     for a run that has no idempotency key (``"payload.order_id"``).
     ``concurrency=Limit(key=..., max=N)``, ``rate=Rate(key=..., limit=N,
     per="PT1M")`` and ``priority`` (-100 to 100, higher first) are flow
-    control: see docs/flow-control.md.
+    control: see docs/flow-control.md. ``attributes={"customer": lambda ctx:
+    ctx.trigger.payload["customer_id"]}`` are search attributes, resolved at
+    the start (see docs/search-attributes.md).
     """
     if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
         raise WorkflowDefinitionError(
@@ -269,6 +277,10 @@ def define_workflow(
         except ValueError as exc:
             raise WorkflowDefinitionError(f"workflow {name!r}, business_key: {exc}") from exc
     _check_flow(name, concurrency, rate, priority)
+    try:
+        declared = check_declared(attributes or {}, "attributes")
+    except ValueError as exc:
+        raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from exc
     if isinstance(steps, Step) or not isinstance(steps, Sequence):
         raise WorkflowDefinitionError(f"workflow {name!r}: steps must be a list of steps")
     step_tuple = tuple(steps)
@@ -284,6 +296,7 @@ def define_workflow(
         concurrency=concurrency,
         rate=rate,
         priority=priority,
+        attributes=declared,
     )
     cycle = child_cycle(
         workflow, lambda other: registry.get(other) if registry.is_registered(other) else None

@@ -21,6 +21,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from kumiflow_django.engine.approvals import decide_approval
 from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
 from kumiflow_django.engine.starting import start_workflow
 from kumiflow_django.projections.runs import WorkflowRun
@@ -66,6 +67,7 @@ astart_workflow = async_twin(start_workflow)
 aappend_event = async_twin(append_event)
 aget_run = async_twin(get_run)
 acancel_run = async_twin(cancel_run)
+adecide_approval = async_twin(decide_approval)
 aretry_run = async_twin(retry_run)
 awake_run = async_twin(wake_run)
 
@@ -73,6 +75,7 @@ awake_run = async_twin(wake_run)
 __all__ = [
     "aappend_event",
     "acancel_run",
+    "adecide_approval",
     "aget_run",
     "aretry_run",
     "astart_workflow",

@@ -17,8 +17,10 @@ from typing import Any, ClassVar
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from kumiflow_django.definition.attributes import check_name, merged
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.durations import parse_instant
+from kumiflow_django.projections import attributes as attribute_index
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.store import limits
 from kumiflow_django.store import names as ev
@@ -80,6 +82,18 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
 
     def finished(self) -> WorkflowRunQuerySet:
         return self.filter(status__in=FINISHED)
+
+    def with_attribute(self, **values: str | int | bool) -> WorkflowRunQuerySet:
+        """Runs whose search attributes have these values
+        (``with_attribute(customer="C-17")``), through the attribute index.
+
+        Values compare as the index stores them (text: ``17`` and ``"17"``
+        are the same, ``True`` is ``"true"``).
+        """
+        qs = self
+        for name, value in values.items():
+            qs = qs.filter(id__in=attribute_index.matching(name, value))
+        return qs
 
 
 class WorkflowRun(models.Model):
@@ -153,6 +167,9 @@ class WorkflowRun(models.Model):
     rate_key = models.CharField(_("rate key"), max_length=limits.FLOW_KEY, blank=True)
     held_by = models.CharField(_("held by"), max_length=20, blank=True)
     debounce_key = models.CharField(_("debounce key"), max_length=limits.FLOW_KEY, blank=True)
+    #: Search attributes (name -> str, int or bool), from ``run-started`` and
+    #: ``attributes-set``; indexed in ``RunAttribute`` rows (projections.attributes).
+    attributes = models.JSONField(_("search attributes"), default=dict, blank=True)
     # Operational, not projected from the log: which worker is running the
     # run's next segment, until when. Cleared when the segment commits.
     lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
@@ -171,6 +188,7 @@ class WorkflowRun(models.Model):
             ("retry_workflowrun", "Can retry failed workflow runs"),
             ("wake_workflowrun", "Can wake waiting workflow runs"),
             ("send_event_workflowrun", "Can send the awaited event to a waiting workflow run"),
+            ("decide_approval_workflowrun", "Can decide approvals workflow runs wait at"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -334,6 +352,7 @@ def _started(event: Event) -> WorkflowRun:
         version=0,
     )
     run.priority = p.get("priority", 0)
+    run.attributes = dict(p.get("attributes") or {})
     _flow(run, p.get("flow"))
     parent = p.get("parent")
     if parent:
@@ -551,6 +570,11 @@ def _segment_refused(run: WorkflowRun, event: Event) -> None:
         run.matched_position = p["event"]["position"]
 
 
+def _attributes_set(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunAttributesSet = event.payload
+    run.attributes = merged(run.attributes or {}, p["attributes"])
+
+
 def _nothing(run: WorkflowRun, event: Event) -> None:
     """``run-started``: :func:`_started` made the row."""
 
@@ -576,6 +600,7 @@ FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
     ev.RUN_RETRIED: _retried,
     ev.RUN_RECOVERED: _recovered,
     ev.SEGMENT_REFUSED: _segment_refused,
+    ev.RUN_ATTRIBUTES_SET: _attributes_set,
 }
 
 
@@ -593,5 +618,21 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
     return run
 
 
-#: The run stream: what the segment runner and the operations write through.
-RUNS = Stream(ev.RUN_STREAM, WorkflowRun, apply)
+#: The run stream: what the segment runner and the operations write through;
+#: every write of it keeps the run's search attribute rows in step.
+RUNS = Stream(ev.RUN_STREAM, WorkflowRun, apply, after_write=attribute_index.sync)
+
+
+def find_runs(
+    *, workflow: str | None = None, tenant: str | None = None, **attributes: str | int | bool
+) -> WorkflowRunQuerySet:
+    """Runs by their search attributes (``find_runs(customer="C-17")``),
+    newest first; ``workflow`` and ``tenant`` narrow them further."""
+    for name in attributes:
+        check_name(name)
+    qs = WorkflowRun.objects.with_attribute(**attributes)
+    if workflow is not None:
+        qs = qs.filter(workflow=workflow)
+    if tenant is not None:
+        qs = qs.filter(tenant_id=tenant)
+    return qs.order_by("-started_at")

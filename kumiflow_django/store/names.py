@@ -36,6 +36,10 @@ COMPENSATION_STARTED = "kumiflow.workflow.compensation-started"
 RUN_ADMITTED = "kumiflow.workflow.run-admitted"
 #: A later event of a debounced burst: the run starts with it, later.
 RUN_DEBOUNCED = "kumiflow.workflow.run-debounced"
+#: A step set (or removed) search attributes of the run (``set_attributes``).
+RUN_ATTRIBUTES_SET = "kumiflow.workflow.attributes-set"
+#: An operator (or code) decided an approval the run waits at (``decide_approval``).
+APPROVAL_DECIDED = "kumiflow.workflow.approval-decided"
 
 RUN_EVENTS = frozenset(
     {
@@ -58,6 +62,8 @@ RUN_EVENTS = frozenset(
         COMPENSATION_STARTED,
         RUN_ADMITTED,
         RUN_DEBOUNCED,
+        RUN_ATTRIBUTES_SET,
+        APPROVAL_DECIDED,
     }
 )
 
@@ -133,6 +139,9 @@ UNSTORABLE_STATE = "unstorable_state"
 #: A key resolver of the workflow's concurrency limit or rate raised (or
 #: returned something that is not a short string): the run never started.
 FLOW_KEY_FAILED = "flow_key_failed"
+#: A search attribute's resolver raised (or returned a value the index cannot
+#: store) at the start: the run is recorded as failed, like a flow key's.
+ATTRIBUTE_FAILED = "attribute_failed"
 
 CRON_STREAM = "cron-schedule"
 #: A schedule's stream id is this prefix and its workflow's name.
