@@ -39,6 +39,7 @@ from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.store import clock, db, leases
+from kumiflow_django.store import names as ev
 
 #: Counts stop here: an exact count of a million rows is a scan.
 CAP = 10_000
@@ -341,6 +342,19 @@ def backlog(now: datetime) -> dict[str, Any]:
     }
 
 
+def waits(now: datetime) -> dict[str, Figure]:
+    """Runs waiting for a person (at an approval) apart from runs waiting for
+    other events (a carrier's webhook, a payment)."""
+    waiting = WorkflowRun.objects.filter(status=RunStatus.WAITING_EVENT)
+    person = waiting.filter(awaited_event_type=ev.APPROVAL_DECIDED)
+    other = waiting.exclude(awaited_event_type=ev.APPROVAL_DECIDED)
+    people, others = capped_counts([person, other])
+    return {
+        "person": _figure(people, reverse("admin:kumiflow_approvals")),
+        "other": _figure(others, runs_url(status=RunStatus.WAITING_EVENT)),
+    }
+
+
 def recoveries(now: datetime) -> Figure:
     """Runs that finished in the last day after another worker took them over
     from a stalled one (their lease ran out)."""
@@ -414,6 +428,7 @@ def context() -> dict[str, Any]:
         "throughput": throughput(now),
         "backlog": backlog(now),
         "recoveries": recoveries(now),
+        "waits": waits(now),
         "outbox": outbox(now),
         "cron": cron(now),
         "failures": recent_failures(now),

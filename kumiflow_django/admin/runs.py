@@ -19,6 +19,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from kumiflow_django.admin import overview, run_page, send_event
+from kumiflow_django.admin import inbox
+from kumiflow_django.admin.attributes import AttributeFilter
+from kumiflow_django.admin.attributes import links as attribute_links
 from kumiflow_django.admin.base import (
     CheckedChangeList,
     FieldFilter,
@@ -309,6 +312,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         ParentFilter,
         FlowScopeFilter,
         FlowKeyFilter,
+        AttributeFilter,
     ]
     search_fields = ["id"]
     search_help_text = (
@@ -492,6 +496,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         run = self.object_or_404(request, object_id)
         business_keys([run])
         context = run_page.context(run)
+        context["attribute_links"] = attribute_links(run.attributes)
         context["operations"] = [
             (name, op.label)
             for name, op in self.operations.items()
@@ -514,6 +519,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         view = self.admin_site.admin_view
         urls = [
             path("overview/", view(self.overview_view), name="kumiflow_overview"),
+            path("approvals/", view(self.inbox_view), name="kumiflow_approvals"),
             path(
                 "<path:object_id>/operate/<str:operation>/",
                 view(self.operate_view),
@@ -534,6 +540,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     def send_event_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return send_event_view(self, request, object_id)
+
+    def inbox_view(self, request: HttpRequest) -> HttpResponse:
+        return inbox.inbox_view(self, request)
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):

@@ -24,6 +24,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from kumiflow_django.http import approvals
 from kumiflow_django.http import openapi, schema, service
 from kumiflow_django.http.auth import Principal, authenticate
 from kumiflow_django.http.errors import ApiError, bad_request
@@ -54,6 +55,8 @@ HANDLERS: dict[str, Handler] = {
     "retryRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "retry", c.body)),
     "wakeRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "wake", c.body)),
     "appendEvent": lambda c: (201, service.append(c.principal, c.body)),
+    "listApprovals": lambda c: (200, approvals.list_approvals(c.principal, **c.query)),
+    "decideApproval": lambda c: (200, approvals.decide(c.principal, c.path["run_id"], c.body)),
 }
 
 

@@ -576,7 +576,8 @@ def _attributes_set(run: WorkflowRun, event: Event) -> None:
 
 
 def _nothing(run: WorkflowRun, event: Event) -> None:
-    """``run-started``: :func:`_started` made the row."""
+    """``run-started``: :func:`_started` made the row. ``approval-decided``:
+    the run's awaited event, which wakes it (``event-matched``, ``step.resumed``)."""
 
 
 #: How each run event changes the row (after :func:`apply` set its version).
@@ -601,6 +602,7 @@ FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
     ev.RUN_RECOVERED: _recovered,
     ev.SEGMENT_REFUSED: _segment_refused,
     ev.RUN_ATTRIBUTES_SET: _attributes_set,
+    ev.APPROVAL_DECIDED: _nothing,
 }
 
 
