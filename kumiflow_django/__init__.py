@@ -275,10 +275,10 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from kumiflow_django.engine.approvals import decide_approval, waiting_approvals
     from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
-    from kumiflow_django.projections.runs import find_runs
     from kumiflow_django.engine.starting import start_workflow
     from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
     from kumiflow_django.outbox.kinds import register_dispatch_kind
+    from kumiflow_django.projections.runs import find_runs
     from kumiflow_django.projections.user import define_projection
     from kumiflow_django.signals import event_appended
     from kumiflow_django.steps.call import handler

@@ -85,7 +85,9 @@ def test_a_run_that_does_not_wait_at_an_approval_is_refused(refunds):
     with pytest.raises(InvalidRunState, match="not waiting at an approval"):
         decide_approval(run.id, "approve", by="bob")
     with pytest.raises(InvalidRunState, match="not 'other'"):
-        decide_approval(start_workflow("refund", payload={"customer": "C-1"}).id, "approve", approval="other")
+        decide_approval(
+            start_workflow("refund", payload={"customer": "C-1"}).id, "approve", approval="other"
+        )
 
 
 def test_an_approval_event_appended_by_application_code_is_refused(refunds):

@@ -88,7 +88,7 @@ def test_runs_are_found_by_attribute_from_code(orders):
     assert list(WorkflowRun.objects.with_attribute(customer="C-18").values_list("id", flat=True))
     assert not find_runs(customer="C-99").exists()
     with pytest.raises(ValueError, match="identifier-like"):
-        find_runs(**{"not a name": 1})
+        find_runs(**{"not a name": "x"})
 
 
 def test_a_rebuild_reproduces_the_attributes_and_their_index(orders):

@@ -8,7 +8,6 @@ that is not ``name:value`` shows an empty list, not a server error.
 from __future__ import annotations
 
 from typing import Any
-
 from urllib.parse import urlencode
 
 from django.db.models import QuerySet

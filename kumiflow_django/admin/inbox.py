@@ -62,7 +62,9 @@ def _fields(approval: Approval, data: Any) -> dict[str, Any]:
             try:
                 out[name] = int(raw)
             except ValueError:
-                raise ValueError(f"field {name!r} must be a whole number, not {raw!r:.40}") from None
+                raise ValueError(
+                    f"field {name!r} must be a whole number, not {raw!r:.40}"
+                ) from None
         else:
             out[name] = raw
     return out

@@ -18,8 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import overview, run_page, send_event
-from kumiflow_django.admin import inbox
+from kumiflow_django.admin import inbox, overview, run_page, send_event
 from kumiflow_django.admin.attributes import AttributeFilter
 from kumiflow_django.admin.attributes import links as attribute_links
 from kumiflow_django.admin.base import (

@@ -43,8 +43,7 @@ def check_name(name: Any) -> str:
         )
     if len(name) > MAX_NAME:
         raise ValueError(
-            f"a search attribute name has at most {MAX_NAME} characters ({name[:40]}…: "
-            f"{len(name)})"
+            f"a search attribute name has at most {MAX_NAME} characters ({name[:40]}…: {len(name)})"
         )
     return name
 
@@ -105,7 +104,9 @@ def resolve_all(attributes: Mapping[str, Any], view: Any) -> dict[str, Attribute
     """Each attribute's value for ``view`` (a resolver context), checked."""
     out: dict[str, AttributeValue] = {}
     for name, resolver in attributes.items():
-        value = resolver(view) if callable(resolver) and not isinstance(resolver, type) else resolver
+        value = (
+            resolver(view) if callable(resolver) and not isinstance(resolver, type) else resolver
+        )
         out[name] = check_value(name, value)
     return out
 
@@ -114,7 +115,7 @@ def merged(
     current: Mapping[str, Any], changes: Mapping[str, AttributeValue]
 ) -> dict[str, str | int | bool]:
     """The run's attributes after ``changes`` (None removes one)."""
-    out = {k: v for k, v in current.items()}
+    out = dict(current)
     for name, value in changes.items():
         if value is None:
             out.pop(name, None)

@@ -26,11 +26,11 @@ from kumiflow_django import (
 )
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.attributes import parse_filter
-from kumiflow_django.projections import attributes as attribute_index
 from kumiflow_django.http import serializers, tokens
 from kumiflow_django.http.auth import Principal
 from kumiflow_django.http.errors import ApiError, bad_request, from_kumiflow
 from kumiflow_django.models import WorkflowRun
+from kumiflow_django.projections import attributes as attribute_index
 from kumiflow_django.store import limits, log
 from kumiflow_django.store.audit import check_operator
 from kumiflow_django.store.errors import InvalidEvent

@@ -24,8 +24,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from kumiflow_django.http import approvals
-from kumiflow_django.http import openapi, schema, service
+from kumiflow_django.http import approvals, openapi, schema, service
 from kumiflow_django.http.auth import Principal, authenticate
 from kumiflow_django.http.errors import ApiError, bad_request
 from kumiflow_django.http.openapi import Endpoint

@@ -49,9 +49,7 @@ class RunAttribute(models.Model):
             models.UniqueConstraint(fields=["run_id", "name"], name="kumiflow_attr_run_name_uq"),
         ]
         indexes = [
-            models.Index(
-                fields=["name", "value", "-started_at"], name="kumiflow_attr_lookup_idx"
-            ),
+            models.Index(fields=["name", "value", "-started_at"], name="kumiflow_attr_lookup_idx"),
         ]
 
     def __str__(self) -> str:

@@ -49,8 +49,8 @@ from typing import Any
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
 
-from kumiflow_django.projections.dispatches import DELIVERABLE, DISPATCHES
 from kumiflow_django.projections import attributes as attribute_index
+from kumiflow_django.projections.dispatches import DELIVERABLE, DISPATCHES
 from kumiflow_django.projections.runs import FINISHED, RUNS, WorkflowRun
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS

@@ -12,7 +12,6 @@ and ``reason``; ``{"timed_out": True, ...}`` after ``timeout``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from kumiflow_django.definition.approvals import spec
 from kumiflow_django.definition.context import ResolverContext

@@ -34,9 +34,7 @@ class SetAttributesKind(StepKind):
         return "set " + ", ".join(sorted(step.args["attributes"]))
 
 
-def set_attributes(
-    attributes: Mapping[str, Any] | None = None, /, **values: Any
-) -> Step:
+def set_attributes(attributes: Mapping[str, Any] | None = None, /, **values: Any) -> Step:
     """Set search attributes of the run: each a value (str, int, bool; None
     removes it) or a function of the context
     (``set_attributes(tier=lambda ctx: ctx.steps["score"]["tier"])``)."""
