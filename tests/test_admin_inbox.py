@@ -119,3 +119,4 @@ def test_the_run_list_filters_by_attribute_and_refuses_a_malformed_filter(admin_
         reverse("admin:kumiflow_workflowrun_change", args=[refunds["refund"].pk])
     ).content.decode()
     assert 'id="kf-attributes"' in page and "attr=customer%3AC-17" in page
+    assert 'id="kf-approval-wait"' in page  # the wait panel points to the inbox

@@ -43,6 +43,7 @@ from kumiflow_django.engine.operations import retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.store import clock, leases
+from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 
 # -- what each operation does, said before it is done -------------------------------
@@ -496,6 +497,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         business_keys([run])
         context = run_page.context(run)
         context["attribute_links"] = attribute_links(run.attributes)
+        context["approval_event"] = ev.APPROVAL_DECIDED
         context["operations"] = [
             (name, op.label)
             for name, op in self.operations.items()
