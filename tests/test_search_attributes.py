@@ -176,3 +176,21 @@ def test_attributes_are_not_part_of_the_fingerprint(registry):
         "attr-fp", steps=[s.return_(1)], attributes={"tier": "gold"}, register=False
     )
     assert plain.fingerprint == tagged.fingerprint
+
+
+def test_a_segment_that_fails_after_set_attributes_writes_none_of_them(registry):
+    """The change commits with its segment or not at all: the index rows too."""
+    define_workflow(
+        "attr-rollback",
+        attributes={"customer": "C-1"},
+        steps=[
+            s.set_attributes(stage="charged"),
+            s.compute("boom", lambda ctx: 1 / 0),
+        ],
+    )
+    run = start_workflow("attr-rollback")
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert run.attributes == {"customer": "C-1"}
+    assert index(run) == {"customer": "C-1"}
+    assert "attributes-set" not in types(run)

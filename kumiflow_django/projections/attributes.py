@@ -79,9 +79,12 @@ def sync(changes: list[Change[Any]]) -> None:
         row = change.saved
         if change.new:
             new += _rows(row)
-        elif change.before is not None and (change.before.get("attributes") or {}) != (
-            row.attributes or {}
-        ):
+            continue
+        before = change.before or {}
+        loaded = row.__dict__
+        if "attributes" not in loaded:
+            continue  # a partial row without its attributes: no event changed them
+        if (before.get("attributes") or {}) != (loaded["attributes"] or {}):
             changed.append(row.id)
             new += _rows(row)
     if changed:
