@@ -122,3 +122,24 @@ def test_a_run_rebuilt_keeps_its_version_past_the_decision(refunds):
 def test_an_approval_is_checked_when_the_workflow_is_defined(registry, kwargs, message):
     with pytest.raises(WorkflowDefinitionError, match=message):
         define_workflow("bad-approval", steps=[s.approval("manager", **kwargs)])
+
+
+def test_an_approval_in_a_parallel_branch_is_refused_when_the_workflow_is_defined(registry):
+    with pytest.raises(WorkflowDefinitionError, match="cannot wait in a branch of a parallel"):
+        define_workflow(
+            "branch-approval",
+            steps=[s.parallel("both", {"a": [s.approval("manager")], "b": [s.wait("PT1M")]})],
+        )
+    with pytest.raises(WorkflowDefinitionError, match="cannot wait in a branch of a parallel"):
+        define_workflow(
+            "loop-approval",
+            steps=[
+                s.for_each(
+                    lambda ctx: [1, 2], "n", do=[s.approval("manager")], parallel=True, name="all"
+                )
+            ],
+        )
+    # a sequential loop is a run's own wait, one approval after the other
+    define_workflow(
+        "loop-approval", steps=[s.for_each(lambda ctx: [1, 2], "n", do=[s.approval("manager")])]
+    )

@@ -171,6 +171,13 @@ def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
             if len(path) > 1 and not kind.allowed_nested:
                 raise ValueError(f"{step.kind} is only allowed at the top level of a workflow")
             kind.validate(step)
+            if "approval" in step.args and _in_branches(steps, path):
+                # decide_approval and the inbox read a run's own wait, not a
+                # branch's: the approval could never be decided
+                raise ValueError(
+                    "an approval cannot wait in a branch of a parallel step or a parallel "
+                    "for_each; put it before or after the parallel step"
+                )
             _check_name(step.name)
             if COMPENSATE in step.children:
                 if not kind.compensable:
