@@ -27,6 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BATCH = 2000  # rows per INSERT where there is no COPY
+#: The clones' search attributes: ``customer`` C-0 … C-999 (a thousand runs
+#: each in a million), ``tier`` one of four (a quarter of the runs each).
+CUSTOMERS = 1000
+TIERS = ("bronze", "silver", "gold", "platinum")
 
 
 def _template() -> tuple[list[Any], Any]:
@@ -47,17 +51,23 @@ def _template() -> tuple[list[Any], Any]:
 
 
 def _fields(model: Any) -> list[Any]:
-    return [f for f in model._meta.concrete_fields if not (f.primary_key and f.name == "position")]
+    """The columns a clone gives values to (not the database's own counters)."""
+    return [
+        f
+        for f in model._meta.concrete_fields
+        if not (f.primary_key and f.get_internal_type() in ("AutoField", "BigAutoField"))
+    ]
 
 
 def _rows(n: int, newest: datetime, oldest: datetime) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    """("event" | "run", values in field order) of ``n`` cloned runs."""
-    from kumiflow_django.models import Event, WorkflowRun
+    """("event" | "run" | "attribute", values in field order) of ``n`` cloned runs."""
+    from kumiflow_django.models import Event, RunAttribute, WorkflowRun
 
     events, run = _template()
     run_id = str(run.id)
     base = events[0].created_at
     event_fields, run_fields = _fields(Event), _fields(WorkflowRun)
+    attribute_fields = _fields(RunAttribute)
     texts = {}
     for e in events:
         for name in ("payload", "metadata"):
@@ -71,6 +81,17 @@ def _rows(n: int, newest: datetime, oldest: datetime) -> Iterator[tuple[str, tup
     for i in range(n):
         start = oldest + span * i
         new_run, new_sid = str(uuid.uuid4()), f"history-{i}"
+        customer, tier = f"C-{i % CUSTOMERS}", TIERS[i % len(TIERS)]
+
+        def clone(
+            text: str, new_run: str = new_run, customer: str = customer, tier: str = tier
+        ) -> str:
+            return (
+                text.replace(run_id, new_run)
+                .replace("C-TEMPLATE", customer)
+                .replace("T-TEMPLATE", tier)
+            )
+
         for e in events:
             when = start + (e.created_at - base)
             values = {
@@ -81,8 +102,8 @@ def _rows(n: int, newest: datetime, oldest: datetime) -> Iterator[tuple[str, tup
                 "version": e.version,
                 "type": e.type,
                 "schema_version": e.schema_version,
-                "payload": texts[(e.version, e.stream_id, "payload")].replace(run_id, new_run),
-                "metadata": texts[(e.version, e.stream_id, "metadata")].replace(run_id, new_run),
+                "payload": clone(texts[(e.version, e.stream_id, "payload")]),
+                "metadata": clone(texts[(e.version, e.stream_id, "metadata")]),
                 "created_at": when,
                 "created_by": e.created_by,
             }
@@ -91,19 +112,30 @@ def _rows(n: int, newest: datetime, oldest: datetime) -> Iterator[tuple[str, tup
         row["id"] = new_run
         row["started_at"] = start + (run.started_at - base)
         row["updated_at"] = row["finished_at"] = start + (run.finished_at - base)
+        row["attributes"] = json.dumps({"customer": customer, "tier": tier})
         yield "run", tuple(row[f.attname] for f in run_fields)
+        for name, value in (("customer", customer), ("tier", tier)):
+            attribute = {
+                "run_id": new_run,
+                "tenant_id": run.tenant_id,
+                "workflow": run.workflow,
+                "name": name,
+                "value": value,
+                "started_at": row["started_at"],
+            }
+            yield "attribute", tuple(attribute[f.attname] for f in attribute_fields)
 
 
 def load(n: int, *, newest_days: float = 100, oldest_days: float = 400) -> dict[str, Any]:
     from django.db import connection
 
-    from kumiflow_django.models import Event, WorkflowRun
+    from kumiflow_django.models import Event, RunAttribute, WorkflowRun
 
     now = datetime.now(UTC)
     rows = _rows(n, now - timedelta(days=newest_days), now - timedelta(days=oldest_days))
-    tables = {"event": Event, "run": WorkflowRun}
+    tables = {"event": Event, "run": WorkflowRun, "attribute": RunAttribute}
     began = time.perf_counter()
-    counts = {"event": 0, "run": 0}
+    counts = {"event": 0, "run": 0, "attribute": 0}
     if connection.vendor == "postgresql":
         _copy(rows, tables, counts)
     else:
@@ -121,8 +153,9 @@ def load(n: int, *, newest_days: float = 100, oldest_days: float = 400) -> dict[
     return {
         "runs": counts["run"],
         "events": counts["event"],
+        "attributes": counts["attribute"],
         "load_s": round(loaded, 1),
-        "rows_per_s": round((counts["run"] + counts["event"]) / loaded),
+        "rows_per_s": round(sum(counts.values()) / loaded),
         "vacuum_s": round(time.perf_counter() - began - loaded, 1),
     }
 
@@ -130,7 +163,7 @@ def load(n: int, *, newest_days: float = 100, oldest_days: float = 400) -> dict[
 def _copy(
     rows: Iterator[tuple[str, tuple[Any, ...]]], tables: dict[str, Any], counts: dict[str, int]
 ) -> None:
-    """Two COPY streams at once, one per table, on two connections."""
+    """COPY streams at once, one per table, each on its own connection."""
     import psycopg
     from django.db import connection
 
@@ -139,11 +172,14 @@ def _copy(
     with (
         psycopg.connect(**params) as events_conn,
         psycopg.connect(**params) as runs_conn,
+        psycopg.connect(**params) as attributes_conn,
         events_conn.cursor().copy(_copy_sql(tables["event"])) as events,
         runs_conn.cursor().copy(_copy_sql(tables["run"])) as runs,
+        attributes_conn.cursor().copy(_copy_sql(tables["attribute"])) as attributes,
     ):
+        streams = {"event": events, "run": runs, "attribute": attributes}
         for kind, values in rows:
-            (events if kind == "event" else runs).write_row(
+            streams[kind].write_row(
                 tuple(v.isoformat() if isinstance(v, datetime) else v for v in values)
             )
             counts[kind] += 1
@@ -160,7 +196,7 @@ def _insert(
     from django.db import connection, transaction
 
     fields = {kind: _fields(model) for kind, model in tables.items()}
-    pending: dict[str, list[tuple[Any, ...]]] = {"event": [], "run": []}
+    pending: dict[str, list[tuple[Any, ...]]] = {kind: [] for kind in tables}
 
     def flush(kind: str) -> None:
         batch, pending[kind] = pending[kind], []
@@ -187,8 +223,8 @@ def _insert(
         pending[kind].append(values)
         if len(pending[kind]) >= BATCH:
             flush(kind)
-    flush("event")
-    flush("run")
+    for kind in tables:
+        flush(kind)
 
 
 def _python(field: Any, value: Any) -> Any:

@@ -202,9 +202,14 @@ def _default_pages() -> list[tuple[str, Callable[[], str]]]:
         assert run is not None
         return reverse("admin:kumiflow_workflowrun_change", args=[run.pk])
 
+    runs = reverse("admin:kumiflow_workflowrun_changelist")
     return [
-        ("run_list", lambda: reverse("admin:kumiflow_workflowrun_changelist")),
+        ("run_list", lambda: runs),
         ("run_page", run_page),
+        # Search attributes (bench/history.py): a customer has 1,000 runs of a
+        # million, a tier a quarter of them; newest first, a page of 50.
+        ("run_list_by_attribute", lambda: f"{runs}?attr=customer:C-17"),
+        ("run_list_by_common_attribute", lambda: f"{runs}?attr=tier:gold"),
     ]
 
 

@@ -54,6 +54,12 @@ _EXPORTS: dict[str, str] = {
     "restart_plan": "kumiflow_django.engine.restart",
     "RestartPlan": "kumiflow_django.engine.restart",
     "arestart_run": "kumiflow_django.engine.aio",
+    # search attributes and approvals
+    "find_runs": "kumiflow_django.projections.runs",
+    "decide_approval": "kumiflow_django.engine.approvals",
+    "waiting_approvals": "kumiflow_django.engine.approvals",
+    "adecide_approval": "kumiflow_django.engine.aio",
+    "InvalidApproval": "kumiflow_django.store.errors",
     "InvalidDispatchState": "kumiflow_django.store.errors",
     "DispatchNotFound": "kumiflow_django.store.errors",
     "cancel_dispatch": "kumiflow_django.outbox.actions",
@@ -123,6 +129,11 @@ __all__ = [
     "wake_run",
     "retry_run",
     "cancel_run",
+    "find_runs",
+    "decide_approval",
+    "waiting_approvals",
+    "adecide_approval",
+    "InvalidApproval",
     "InvalidDispatchState",
     "DispatchNotFound",
     "cancel_dispatch",
@@ -267,6 +278,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiflow_django.engine.aio import (
         aappend_event,
         acancel_run,
+        adecide_approval,
         aget_run,
         arestart_run,
         aretry_run,
@@ -274,11 +286,13 @@ if TYPE_CHECKING:  # pragma: no cover
         awake_run,
         get_run,
     )
+    from kumiflow_django.engine.approvals import decide_approval, waiting_approvals
     from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
     from kumiflow_django.engine.restart import RestartPlan, restart_plan, restart_run
     from kumiflow_django.engine.starting import start_workflow
     from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
     from kumiflow_django.outbox.kinds import register_dispatch_kind
+    from kumiflow_django.projections.runs import find_runs
     from kumiflow_django.projections.user import define_projection
     from kumiflow_django.signals import event_appended
     from kumiflow_django.steps.call import handler
@@ -287,6 +301,7 @@ if TYPE_CHECKING:  # pragma: no cover
         DeliveryFailure,
         DispatchNotFound,
         ImmutableEvent,
+        InvalidApproval,
         InvalidDispatchState,
         InvalidEvent,
         InvalidRunState,

@@ -455,3 +455,59 @@ def test_restart_from_a_step_after_its_pre_flight(page, live_server, registry, c
     page.goto(run_page(live_server, old))
     line = timeline_line(page, "restarted from step 2")
     assert "by ops" in line and "ticket 12" in line
+def test_filter_the_run_list_by_a_search_attribute(page, live_server, registry):
+    define_workflow(
+        "attr-orders",
+        attributes={"customer": lambda ctx: ctx.trigger.payload["customer"]},
+        steps=[s.wait("P1D")],
+    )
+    mine = start_workflow("attr-orders", payload={"customer": "C-17"})
+    other = start_workflow("attr-orders", payload={"customer": "C-18"})
+    page.goto(f"{live_server.url}/admin/kumiflow/workflowrun/")
+    box = page.locator('details[data-filter-title^="search attribute"] input[name=attr]')
+    box.fill("customer:C-17")
+    box.press("Enter")
+    page.wait_for_load_state("load")
+    listed = page.inner_text("#result_list tbody")
+    assert str(mine.pk)[:8] in listed and str(other.pk)[:8] not in listed
+    page.locator("#result_list tbody a", has_text=str(mine.pk)[:8]).click()
+    page.wait_for_selector("#kf-attributes")
+    assert "customer C-17" in page.inner_text("#kf-attributes")
+    page.click("#kf-attributes a")  # the list of the runs with this value
+    page.wait_for_load_state("load")
+    assert "attr=customer%3AC-17" in page.url
+    assert str(other.pk)[:8] not in page.inner_text("#result_list tbody")
+
+
+def test_approve_from_the_inbox_and_the_run_continues(page, live_server, registry):
+    define_workflow(
+        "refund-request",
+        attributes={"customer": lambda ctx: ctx.trigger.payload["customer"]},
+        steps=[
+            s.approval("manager", choices=["approve", "decline"], fields={"note": str}),
+            s.return_(lambda ctx: ctx.steps["manager"]["payload"]),
+        ],
+    )
+    older = start_workflow("refund-request", payload={"customer": "C-17"})
+    start_workflow("refund-request", payload={"customer": "C-18"})
+    page.goto(f"{live_server.url}/admin/kumiflow/workflowrun/overview/")
+    assert page.inner_text("#kf-waiting-person") == "2"
+    page.click("#kf-waiting-person")
+    page.wait_for_selector(".kf-inbox-item")
+    items = page.locator(".kf-inbox-item")
+    assert items.nth(0).get_attribute("data-run") == str(older.pk)  # the oldest first
+    assert "customer C-17" in items.nth(0).inner_text()
+    first = items.nth(0)
+    first.locator("input[name=field_note]").fill("refund of a broken kettle")
+    first.locator("input[name=reason]").fill("receipt checked")
+    screenshot(page, "inbox.png")
+    first.locator("button.kf-choice", has_text="approve").click()
+    page.wait_for_load_state("load")
+    assert "approve (manager)" in page.inner_text(".messagelist")
+    assert page.locator(".kf-inbox-item").count() == 1
+    older.refresh_from_db()
+    assert older.status == "completed"
+    decision = older.result or {}
+    assert decision["choice"] == "approve"
+    assert decision["fields"] == {"note": "refund of a broken kettle"}
+    assert decision["by"] == "ops" and decision["reason"] == "receipt checked"

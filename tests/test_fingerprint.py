@@ -244,6 +244,14 @@ def every_kind():
                 expected_version=lambda ctx: None,
                 name="audited",
             ),
+            s.approval(
+                "manager",
+                choices=["approve", "decline", "escalate"],
+                fields={"note": str, "amount": int, "urgent": bool},
+                timeout="P1D",
+                permission="shop.approve_refund",
+            ),
+            s.set_attributes(tier="gold", n=lambda ctx: ctx.steps["n"]),
             s.return_(lambda ctx: ctx.steps["n"]),
         ],
         register=False,
@@ -279,7 +287,8 @@ def test_the_every_kind_workflow_uses_every_builder():
     kinds = {step.kind for _, step in walk(every_kind().steps)}
     assert {"model", "read"} <= builders
     assert kinds == {
-        *(b.rstrip("_") for b in builders - {"model", "read", "return_"}),
+        # an approval is a wait_for_event that declares its choices and fields
+        *(b.rstrip("_") for b in builders - {"model", "read", "return_", "approval"}),
         "return",
         *("read." + n for n in ("find_one", "find_many")),
         *("model." + n for n in ("create", "update", "upsert", "delete")),

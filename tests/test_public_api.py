@@ -35,6 +35,7 @@ def test_every_async_function_of_the_api_is_the_twin_of_a_sync_one():
     assert TWINS == [
         "aappend_event",
         "acancel_run",
+        "adecide_approval",
         "aget_run",
         "arestart_run",
         "aretry_run",

@@ -14,7 +14,14 @@ from django.db import connection, models, transaction
 
 from kumiflow_django import append_event, cancel_run, define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
-from kumiflow_django.models import CronSchedule, Dispatch, Event, ProcessLock, WorkflowRun
+from kumiflow_django.models import (
+    CronSchedule,
+    Dispatch,
+    Event,
+    ProcessLock,
+    RunAttribute,
+    WorkflowRun,
+)
 from kumiflow_django.projections import retention as retention_module
 from kumiflow_django.projections.rebuild import rebuild_all
 from kumiflow_django.projections.retention import (
@@ -59,6 +66,7 @@ def history(registry, clock, mailoutbox):
     define_workflow(
         "mailer",
         trigger=on_event("order.placed"),
+        attributes={"order": lambda ctx: ctx.event.payload["n"]},
         steps=[
             s.mail_send(to="shop@x.io", subject="order", body="placed"),
             s.compute("n", lambda ctx: ctx.event.payload["n"]),
@@ -111,6 +119,25 @@ def test_finished_runs_go_with_their_streams_and_outbox_rows(history):
     assert log() == [e for e in events_before if e["stream_id"] not in gone]
     assert report.events == len(events_before) - len(log())
     assert Event.objects.filter(type="order.placed").count() == 5, "trigger events are the domain's"
+
+
+def attribute_rows() -> set[tuple]:
+    return set(RunAttribute.objects.values_list("run_id", "name", "value", "started_at"))
+
+
+@pytest.mark.django_db
+def test_search_attributes_go_with_their_runs_and_come_back_with_a_restore(history, tmp_path):
+    before = attribute_rows()
+    assert len(before) == 5  # the five mailer runs
+    going = {row for row in before if row[0] in history["going"]}
+    assert len(going) == 3
+
+    report = Retention(history["cutoff"], batch_size=2, archive_dir=tmp_path).run()
+    assert attribute_rows() == before - going
+
+    assert report.archive is not None
+    Restore(batch_size=2).restore([report.archive])
+    assert attribute_rows() == before
 
 
 @pytest.mark.django_db

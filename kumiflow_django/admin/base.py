@@ -62,6 +62,12 @@ class CappedPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         rows: Any = self.object_list
+        # Without the list's ordering: how many of CAP + 1 rows exist does not
+        # depend on their order, and an ordered LIMIT makes the planner walk
+        # the ordering's index, probing each row against the filters (a run
+        # list filtered by a common search attribute: 3x slower).
+        if getattr(rows, "order_by", None) is not None:
+            rows = rows.order_by()
         return int(rows[: self.CAP + 1].count())
 
 

@@ -354,6 +354,19 @@ def backlog(now: datetime) -> dict[str, Any]:
     }
 
 
+def waits(now: datetime) -> dict[str, Figure]:
+    """Runs waiting for a person (at an approval) apart from runs waiting for
+    other events (a carrier's webhook, a payment)."""
+    waiting = WorkflowRun.objects.filter(status=RunStatus.WAITING_EVENT)
+    person = waiting.filter(awaited_event_type=ev.APPROVAL_DECIDED)
+    other = waiting.exclude(awaited_event_type=ev.APPROVAL_DECIDED)
+    people, others = capped_counts([person, other])
+    return {
+        "person": _figure(people, reverse("admin:kumiflow_approvals")),
+        "other": _figure(others, runs_url(status=RunStatus.WAITING_EVENT)),
+    }
+
+
 def recovered_runs(now: datetime) -> QuerySet[WorkflowRun, WorkflowRun]:
     """Runs that finished in the last day after a stalled worker was taken over:
     the run's own lease ran out (another worker resumed it), or a task attempt
@@ -440,6 +453,7 @@ def context() -> dict[str, Any]:
         "backlog": backlog(now),
         "recoveries": recoveries(now),
         "delivery_problems": delivery_problems(),
+        "waits": waits(now),
         "outbox": outbox(now),
         "cron": cron(now),
         "failures": recent_failures(now),

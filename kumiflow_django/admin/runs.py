@@ -18,7 +18,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import overview, restart, run_page, send_event
+from kumiflow_django.admin import inbox, overview, restart, run_page, send_event
+from kumiflow_django.admin.attributes import AttributeFilter
+from kumiflow_django.admin.attributes import links as attribute_links
 from kumiflow_django.admin.base import (
     CheckedChangeList,
     FieldFilter,
@@ -42,6 +44,7 @@ from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, Dispat
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.waiting_for import waiting_for
 from kumiflow_django.store import clock, leases
+from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 
 # -- what each operation does, said before it is done -------------------------------
@@ -354,6 +357,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         ParentFilter,
         FlowScopeFilter,
         FlowKeyFilter,
+        AttributeFilter,
     ]
     search_fields = ["id"]
     search_help_text = (
@@ -568,6 +572,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         # restart from a step (its own page: the pre-flight); the picture links its steps
         offered = restart.offer(run) if self.user_can(request, restart.PERMISSION) else None
         context = run_page.context(run, restart_points=offered.points if offered else None)
+        context["attribute_links"] = attribute_links(run.attributes)
+        context["approval_event"] = ev.APPROVAL_DECIDED
         context["operations"] = [
             (name, op.label)
             for name, op in self.operations.items()
@@ -591,6 +597,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         view = self.admin_site.admin_view
         urls = [
             path("overview/", view(self.overview_view), name="kumiflow_overview"),
+            path("approvals/", view(self.inbox_view), name="kumiflow_approvals"),
             path(
                 "<path:object_id>/operate/<str:operation>/",
                 view(self.operate_view),
@@ -619,6 +626,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     def send_event_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return send_event_view(self, request, object_id)
+
+    def inbox_view(self, request: HttpRequest) -> HttpResponse:
+        return inbox.inbox_view(self, request)
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):

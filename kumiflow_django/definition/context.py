@@ -147,8 +147,17 @@ class Cancellation:
     id: str
 
 
+@dataclass(frozen=True)
+class AttributesUpdate:
+    """Search attributes a ``set_attributes`` step changes (None removes one):
+    an ``attributes-set`` event on the run's stream, folded into its row."""
+
+    attributes: dict[str, Any]
+    step: str
+
+
 #: What a step can ask the segment to commit besides the run's own events.
-Effect = DispatchRequest | TaskRequest | ChildRequest | Cancellation
+Effect = DispatchRequest | TaskRequest | ChildRequest | Cancellation | AttributesUpdate
 
 
 class Context:
@@ -263,6 +272,11 @@ class ResolverContext:
     @property
     def event(self) -> Trigger:
         """The run's trigger event (a stand-in for manual and cron starts)."""
+        return self._ctx.event
+
+    @property
+    def trigger(self) -> Trigger:
+        """The same as ``event``: the run's trigger event."""
         return self._ctx.event
 
     @property

@@ -8,10 +8,11 @@ fingerprint is computed once, here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kumiflow_django.definition.attributes import check_declared
 from kumiflow_django.definition.fingerprint import UnstableValue, canonical_value, fingerprint
 from kumiflow_django.definition.flow import Limit, Rate, check_priority
 from kumiflow_django.definition.matching import check_path
@@ -57,6 +58,10 @@ class Workflow:
     #: this one is registered and its own is not (:data:`ON_CHANGE`). Not in
     #: the fingerprint: choosing a policy changes no run's steps.
     on_change: str = "compatible"
+    #: Search attributes resolved at the start (name -> value or function of
+    #: the context): not in the fingerprint; they change what the console and
+    #: ``with_attribute`` find, not what runs.
+    attributes: dict[str, Any] = field(default_factory=dict)
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
@@ -173,6 +178,13 @@ def _validate_steps(name: str, steps: tuple[Step, ...]) -> None:
             if len(path) > 1 and not kind.allowed_nested:
                 raise ValueError(f"{step.kind} is only allowed at the top level of a workflow")
             kind.validate(step)
+            if "approval" in step.args and _in_branches(steps, path):
+                # decide_approval and the inbox read a run's own wait, not a
+                # branch's: the approval could never be decided
+                raise ValueError(
+                    "an approval cannot wait in a branch of a parallel step or a parallel "
+                    "for_each; put it before or after the parallel step"
+                )
             _check_name(step.name)
             if COMPENSATE in step.children:
                 if not kind.compensable:
@@ -225,6 +237,7 @@ def define_workflow(
     rate: Rate | None = None,
     priority: int = 0,
     on_change: str = "compatible",
+    attributes: Mapping[str, Any] | None = None,
     register: bool = True,
 ) -> Workflow:
     """Define (and register) a workflow.
@@ -242,6 +255,9 @@ def define_workflow(
     its own is not registered: ``"compatible"`` (the default) carries it on
     when only steps it has not reached changed, ``"pin"`` never carries it
     on, ``"fail"`` fails it (docs/deploying.md, "Compatible changes").
+    ``attributes={"customer": lambda ctx:
+    ctx.trigger.payload["customer_id"]}`` are search attributes, resolved at
+    the start (see docs/search-attributes.md).
     """
     if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
         raise WorkflowDefinitionError(
@@ -285,6 +301,10 @@ def define_workflow(
         except ValueError as exc:
             raise WorkflowDefinitionError(f"workflow {name!r}, business_key: {exc}") from exc
     _check_flow(name, concurrency, rate, priority)
+    try:
+        declared = check_declared(attributes or {}, "attributes")
+    except ValueError as exc:
+        raise WorkflowDefinitionError(f"workflow {name!r}: {exc}") from exc
     if isinstance(steps, Step) or not isinstance(steps, Sequence):
         raise WorkflowDefinitionError(f"workflow {name!r}: steps must be a list of steps")
     step_tuple = tuple(steps)
@@ -301,6 +321,7 @@ def define_workflow(
         rate=rate,
         priority=priority,
         on_change=on_change,
+        attributes=declared,
     )
     cycle = child_cycle(
         workflow, lambda other: registry.get(other) if registry.is_registered(other) else None

@@ -21,6 +21,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from kumiflow_django.engine.approvals import decide_approval
 from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
 from kumiflow_django.engine.restart import restart_run
 from kumiflow_django.engine.starting import start_workflow
@@ -67,6 +68,7 @@ astart_workflow = async_twin(start_workflow)
 aappend_event = async_twin(append_event)
 aget_run = async_twin(get_run)
 acancel_run = async_twin(cancel_run)
+adecide_approval = async_twin(decide_approval)
 aretry_run = async_twin(retry_run)
 awake_run = async_twin(wake_run)
 arestart_run = async_twin(restart_run)
@@ -75,6 +77,7 @@ arestart_run = async_twin(restart_run)
 __all__ = [
     "aappend_event",
     "acancel_run",
+    "adecide_approval",
     "aget_run",
     "arestart_run",
     "aretry_run",

@@ -30,7 +30,15 @@ from typing import Any
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition import matching
-from kumiflow_django.definition.context import Trigger, Wake, WakeReason, new_state
+from kumiflow_django.definition.attributes import resolve_all
+from kumiflow_django.definition.context import (
+    Context,
+    RunInfo,
+    Trigger,
+    Wake,
+    WakeReason,
+    new_state,
+)
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import admission
 from kumiflow_django.engine.failure import Failure
@@ -39,6 +47,7 @@ from kumiflow_django.flow.admission import Pending
 from kumiflow_django.store import db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
+from kumiflow_django.store.values import clean_text
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,14 @@ class RunStart:
                 f"workflows started workflows {current_depth()} levels deep in one transaction "
                 f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
             )
+        if reason is None and workflow.attributes:
+            try:
+                attributes = self._attributes()
+            except Failure as unresolved:
+                reason = unresolved
+            else:
+                if attributes:
+                    started["attributes"] = attributes
         held = quiet = False
         flow: dict[str, Any] | None = None
         if reason is None:
@@ -186,6 +203,34 @@ class RunStart:
             if telemetry.tracing()
             else None,
         )
+
+    def _attributes(self) -> dict[str, Any]:
+        """The run's search attributes, resolved against the trigger (None-valued
+        ones left out); Failure when a resolver raises or returns a value the
+        index cannot store: the run is recorded as failed, as with a flow key
+        (its trigger event is in the log already; refusing the start would
+        drop it silently)."""
+        workflow = self.workflow
+        info = RunInfo(
+            id=self.run_id,
+            workflow=workflow.name,
+            version=workflow.version,
+            tenant=self.tenant,
+            fingerprint=workflow.fingerprint,
+        )
+        view = Context(event=self.trigger, run=info, state=new_state()).view
+        try:
+            values = resolve_all(workflow.attributes, view)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # user code: SystemExit fails the start like any error
+            if db.is_transient(exc):
+                raise
+            raise Failure(
+                ev.ATTRIBUTE_FAILED,
+                clean_text(f"{type(exc).__name__} resolving a search attribute: {exc}", 600),
+            ) from exc
+        return {k: v for k, v in values.items() if v is not None}
 
     def _started(self) -> dict[str, Any]:
         """The ``run-started`` payload, before flow control adds its keys."""

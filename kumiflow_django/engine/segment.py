@@ -16,7 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from kumiflow_django.conf import settings
+from kumiflow_django.definition.attributes import merged
 from kumiflow_django.definition.context import (
+    AttributesUpdate,
     Cancellation,
     ChildRequest,
     Context,
@@ -112,6 +114,17 @@ class Segment:
             if settled:  # keyed children that had ended already: their outcomes
                 state_part(ctx.state, "settled").update(settled)
         self.cancellations += [e for e in ctx.effects if isinstance(e, Cancellation)]
+        for update in (e for e in ctx.effects if isinstance(e, AttributesUpdate)):
+            after = merged(self.row.attributes or {}, update.attributes)
+            if len(after) > limits.ATTRIBUTES_PER_RUN:
+                raise Failure(
+                    ev.STEP_FAILED,
+                    f"step {update.step} (set_attributes): a run carries at most "
+                    f"{limits.ATTRIBUTES_PER_RUN} search attributes ({len(after)})",
+                    None,
+                    _trail(ctx),
+                )
+            self.add(ev.RUN_ATTRIBUTES_SET, {"attributes": update.attributes, "step": update.step})
 
     def write(self) -> WorkflowRun:
         """Write the segment (events, run row, outbox, task and child rows) and

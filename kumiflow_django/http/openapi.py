@@ -78,6 +78,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                 {"type": "string", "maxLength": 64},
                 "Only this tenant (one the caller may see; others are a 403).",
             ),
+            Param(
+                "attribute",
+                "query",
+                {"type": "string", "minLength": 3, "maxLength": 265},
+                "Only runs with this search attribute, as `name:value` "
+                "(`customer:C-17`; booleans are `true`/`false`).",
+            ),
             Param("cursor", "query", {"type": "string"}, "The `next_cursor` of the last page."),
             Param(
                 "limit",
@@ -209,6 +216,41 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         request="WakeRun",
         params=(RUN_ID,),
         errors=(400, 401, 403, 404, 409),
+    ),
+    Endpoint(
+        "listApprovals",
+        "get",
+        "/approvals/",
+        "approvals",
+        "List runs waiting for a person",
+        "Runs of the caller's tenants that wait at an approval step, the longest "
+        "waiting first (at most 200), with the approval's choices and fields.",
+        tokens.VIEW,
+        200,
+        "ApprovalPage",
+        params=(
+            Param("workflow", "query", {"type": "string", "maxLength": 200}, "Only this workflow."),
+        ),
+        errors=(400, 401, 403),
+        tags=("approvals",),
+    ),
+    Endpoint(
+        "decideApproval",
+        "post",
+        "/runs/{run_id}/approve/",
+        "run-approve",
+        "Decide the approval a run waits at",
+        "Appends the decision (the caller as its author) through decide_approval: the "
+        "run continues with it. A choice or field the approval does not declare is a "
+        "400; a run that does not wait at an approval is a 409. An approval declared "
+        "with its own `permission=` is decided by a user who has it (a token cannot).",
+        tokens.DECIDE,
+        200,
+        "OperatedRun",
+        request="DecideApproval",
+        params=(RUN_ID,),
+        errors=(400, 401, 403, 404, 409),
+        tags=("approvals",),
     ),
     Endpoint(
         "streamRunEvents",

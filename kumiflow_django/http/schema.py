@@ -89,6 +89,10 @@ _RUN_SUMMARY_PROPERTIES: dict[str, Any] = {
     "started_at": TIMESTAMP,
     "updated_at": TIMESTAMP,
     "finished_at": {"type": ["string", "null"], "format": "date-time"},
+    "attributes": {
+        "type": "object",
+        "description": "The run's search attributes: name -> string, integer or boolean.",
+    },
 }
 
 RUN_SUMMARY: dict[str, Any] = {
@@ -320,6 +324,28 @@ RESTART_RUN: dict[str, Any] = {
             "type": "string",
             "enum": ["run", "current"],
             "description": "Run on the run's own definition (default) or the current one.",
+DECIDE_APPROVAL: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["choice"],
+    "properties": {
+        "choice": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 64,
+            "description": "One of the choices the approval declares.",
+        },
+        "fields": {
+            "type": "object",
+            "description": "Declared fields (all optional): name -> string, integer or boolean "
+            "as declared.",
+        },
+        "approval": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 64,
+            "description": "The approval the caller saw: refused (409) if the run waits at "
+            "another one.",
         },
         "reason": _REASON,
     },
@@ -369,6 +395,26 @@ RESTART_PLAN: dict[str, Any] = {
         "definition_changed": {"type": "boolean"},
         "idempotency_key": {"type": ["string", "null"]},
         "refusal": {"type": ["string", "null"]},
+APPROVAL: dict[str, Any] = {
+    "type": "object",
+    "required": ["run", "approval", "choices", "fields", "waiting_since"],
+    "properties": {
+        "run": {"$ref": "#/components/schemas/RunSummary"},
+        "approval": {"type": ["string", "null"], "description": "The approval's name."},
+        "choices": {"type": "array", "items": {"type": "string"}},
+        "fields": {
+            "type": "object",
+            "description": 'Declared fields: name -> "str", "int" or "bool".',
+        },
+        "waiting_since": TIMESTAMP,
+    },
+}
+
+APPROVAL_PAGE: dict[str, Any] = {
+    "type": "object",
+    "required": ["approvals"],
+    "properties": {
+        "approvals": {"type": "array", "items": {"$ref": "#/components/schemas/Approval"}},
     },
 }
 
@@ -395,6 +441,9 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "WakeRun": WAKE_RUN,
     "RestartRun": RESTART_RUN,
     "RestartPlan": RESTART_PLAN,
+    "DecideApproval": DECIDE_APPROVAL,
+    "Approval": APPROVAL,
+    "ApprovalPage": APPROVAL_PAGE,
 }
 
 _TYPES: dict[str, Any] = {

@@ -30,6 +30,7 @@ SUMMARY_FIELDS = (
     "started_at",
     "updated_at",
     "finished_at",
+    "attributes",
 )
 
 #: The columns of an event in the API, in this order (also read raw by the live streams).
@@ -71,6 +72,7 @@ def run_summary(run: WorkflowRun) -> dict[str, Any]:
         "started_at": timestamp(run.started_at),
         "updated_at": timestamp(run.updated_at),
         "finished_at": timestamp(run.finished_at),
+        "attributes": dict(run.attributes or {}),
     }
 
 

@@ -27,10 +27,12 @@ from kumiflow_django import (
     wake_run,
 )
 from kumiflow_django.conf import settings
+from kumiflow_django.definition.attributes import parse_filter
 from kumiflow_django.http import serializers, tokens
 from kumiflow_django.http.auth import Principal
 from kumiflow_django.http.errors import ApiError, bad_request, from_kumiflow
 from kumiflow_django.models import WorkflowRun
+from kumiflow_django.projections import attributes as attribute_index
 from kumiflow_django.store import limits, log
 from kumiflow_django.store.audit import check_operator
 from kumiflow_django.store.errors import InvalidEvent
@@ -69,6 +71,7 @@ def list_runs(
     workflow: str | None = None,
     status: str | None = None,
     tenant: str | None = None,
+    attribute: str | None = None,
     cursor: str | None = None,
     limit: int | None = None,
 ) -> dict[str, Any]:
@@ -91,6 +94,12 @@ def list_runs(
         qs = qs.filter(workflow=workflow)
     if status is not None:
         qs = qs.filter(status=status)
+    if attribute is not None:
+        try:
+            name, value = parse_filter(attribute)
+        except ValueError as exc:
+            raise bad_request("attribute", str(exc)) from exc
+        qs = qs.filter(id__in=attribute_index.matching(name, value))
     if cursor is not None:
         started, last_id = serializers.decode_cursor(cursor)
         qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, id__lt=last_id))

@@ -24,7 +24,9 @@ RETRY = "kumiflow.retry_workflowrun"
 WAKE = "kumiflow.wake_workflowrun"
 START = "kumiflow.start_workflowrun"
 APPEND = "kumiflow.append_event"
-API_PERMISSIONS = (VIEW, START, APPEND, CANCEL, RETRY, WAKE)
+#: Deciding approvals (``decide_approval``); the admin checks it too.
+DECIDE = "kumiflow.decide_approval_workflowrun"
+API_PERMISSIONS = (VIEW, START, APPEND, CANCEL, RETRY, WAKE, DECIDE)
 
 #: Tokens start with this, so that a leaked one is recognisable (secret scanners).
 PREFIX = "kf_"

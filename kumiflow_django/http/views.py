@@ -24,7 +24,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from kumiflow_django.http import openapi, schema, service
+from kumiflow_django.http import approvals, openapi, schema, service
 from kumiflow_django.http.auth import Principal, authenticate
 from kumiflow_django.http.errors import ApiError, bad_request
 from kumiflow_django.http.openapi import Endpoint
@@ -56,6 +56,8 @@ HANDLERS: dict[str, Handler] = {
     "appendEvent": lambda c: (201, service.append(c.principal, c.body)),
     "planRestart": lambda c: (200, service.plan_restart(c.principal, c.path["run_id"], c.query)),
     "restartRun": lambda c: (201, service.restart(c.principal, c.path["run_id"], c.body)),
+    "listApprovals": lambda c: (200, approvals.list_approvals(c.principal, **c.query)),
+    "decideApproval": lambda c: (200, approvals.decide(c.principal, c.path["run_id"], c.body)),
 }
 
 

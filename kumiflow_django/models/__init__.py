@@ -13,6 +13,7 @@ from kumiflow_django.definition.serving import WorkerProcess
 from kumiflow_django.definition.snapshots import DefinitionSnapshot
 from kumiflow_django.flow.models import FlowKey, FlowLimit, RateBucket
 from kumiflow_django.http.models import ApiToken
+from kumiflow_django.projections.attributes import RunAttribute
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import Compensation, RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
@@ -34,6 +35,7 @@ __all__ = [
     "ProcessLock",
     "RunStatus",
     "RateBucket",
+    "RunAttribute",
     "RunWait",
     "StepTask",
     "TaskStatus",

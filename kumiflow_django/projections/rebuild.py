@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import models
 
-from kumiflow_django.projections import dispatches, runs, schedules, tasks, waits
+from kumiflow_django.projections import attributes, dispatches, runs, schedules, tasks, waits
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.user import projections
 from kumiflow_django.store import clock, db
@@ -75,6 +75,24 @@ def _rebuild_waits() -> int:
     return count
 
 
+def _rebuild_attributes() -> int:
+    """The search attribute index, from the rebuilt run rows' attributes."""
+    attributes.RunAttribute.objects.all().delete()
+    count = 0
+    batch: list[runs.WorkflowRun] = []
+    # Every row is read (a JSON "is empty" filter differs per vendor): only
+    # the columns the index needs.
+    rows = runs.WorkflowRun.objects.only("id", "tenant_id", "workflow", "attributes", "started_at")
+    for run in rows.iterator(chunk_size=2000):
+        if not run.attributes:
+            continue
+        batch.append(run)
+        if len(batch) >= BATCH:
+            count += attributes.reindex(batch, fresh=True)
+            batch = []
+    return count + attributes.reindex(batch, fresh=True)
+
+
 def _recheck_queued() -> int:
     """Runs parked behind a full key have no wake time, and the keys' counts of
     parked runs are not in the log: a rebuilt table makes every parked run due,
@@ -98,6 +116,7 @@ def rebuild_all() -> dict[str, int]:
             stream.model._default_manager.all().delete()
             counts[name] = _replay(stream, types)
         counts["branch waits"] = _rebuild_waits()
+        counts["search attributes"] = _rebuild_attributes()
         counts["queued runs checked again"] = _recheck_queued()
         for projection in projections.values():
             if not projection.rebuildable:

@@ -49,6 +49,7 @@ from typing import Any
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
 
+from kumiflow_django.projections import attributes as attribute_index
 from kumiflow_django.projections.dispatches import DELIVERABLE, DISPATCHES
 from kumiflow_django.projections.runs import FINISHED, RUNS, WorkflowRun
 from kumiflow_django.projections.stream import Stream
@@ -369,6 +370,7 @@ class Retention:
             for part in _chunks(pks):
                 report.owned[name] += manager.filter(pk__in=part).delete()[0]
         for ids in _chunks([run.id for run in going]):
+            attribute_index.forget(ids)
             WorkflowRun.objects.filter(pk__in=ids).delete()
         return events
 
@@ -469,3 +471,5 @@ def refold(streams: Iterable[tuple[str, str]], kinds: dict[str, Stream[Any]] | N
         manager = kind.model._default_manager
         manager.filter(pk__in=[row.pk for row in folded]).delete()
         manager.bulk_create(folded)
+        if kind is RUNS:
+            attribute_index.reindex(folded)

@@ -17,8 +17,10 @@ from typing import Any, ClassVar
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from kumiflow_django.definition.attributes import check_name, merged
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.durations import parse_instant
+from kumiflow_django.projections import attributes as attribute_index
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.store import limits
 from kumiflow_django.store import names as ev
@@ -80,6 +82,18 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
 
     def finished(self) -> WorkflowRunQuerySet:
         return self.filter(status__in=FINISHED)
+
+    def with_attribute(self, **values: str | int | bool) -> WorkflowRunQuerySet:
+        """Runs whose search attributes have these values
+        (``with_attribute(customer="C-17")``), through the attribute index.
+
+        Values compare as the index stores them (text: ``17`` and ``"17"``
+        are the same, ``True`` is ``"true"``).
+        """
+        qs = self
+        for name, value in values.items():
+            qs = qs.filter(id__in=attribute_index.matching(name, value))
+        return qs
 
 
 class WorkflowRun(models.Model):
@@ -159,6 +173,9 @@ class WorkflowRun(models.Model):
     rate_key = models.CharField(_("rate key"), max_length=limits.FLOW_KEY, blank=True)
     held_by = models.CharField(_("held by"), max_length=20, blank=True)
     debounce_key = models.CharField(_("debounce key"), max_length=limits.FLOW_KEY, blank=True)
+    #: Search attributes (name -> str, int or bool), from ``run-started`` and
+    #: ``attributes-set``; indexed in ``RunAttribute`` rows (projections.attributes).
+    attributes = models.JSONField(_("search attributes"), default=dict, blank=True)
     # Operational, not projected from the log: which worker is running the
     # run's next segment, until when. Cleared when the segment commits.
     lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
@@ -177,6 +194,7 @@ class WorkflowRun(models.Model):
             ("retry_workflowrun", "Can retry failed workflow runs"),
             ("wake_workflowrun", "Can wake waiting workflow runs"),
             ("send_event_workflowrun", "Can send the awaited event to a waiting workflow run"),
+            ("decide_approval_workflowrun", "Can decide approvals workflow runs wait at"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -345,6 +363,7 @@ def _started(event: Event) -> WorkflowRun:
     if restart:  # it begins at the step it was restarted from, with the results before it
         run.cursor = restart["cursor"]
         run.state = restart["state"]
+    run.attributes = dict(p.get("attributes") or {})
     _flow(run, p.get("flow"))
     parent = p.get("parent")
     if parent:
@@ -569,9 +588,16 @@ def _segment_refused(run: WorkflowRun, event: Event) -> None:
         run.matched_position = p["event"]["position"]
 
 
+def _attributes_set(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunAttributesSet = event.payload
+    run.attributes = merged(run.attributes or {}, p["attributes"])
+
+
 def _nothing(run: WorkflowRun, event: Event) -> None:
     """``run-started``: :func:`_started` made the row. ``run-restarted``: the
-    run's end stays as it was (the restart is a new run, which names it)."""
+    run's end stays as it was (the restart is a new run, which names it).
+    ``approval-decided``: the run's awaited event, which wakes it
+    (``event-matched``, ``step.resumed``)."""
 
 
 #: How each run event changes the row (after :func:`apply` set its version).
@@ -597,6 +623,8 @@ FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
     ev.RUN_RECOVERED: _recovered,
     ev.SEGMENT_REFUSED: _segment_refused,
     ev.RUN_RESTARTED: _nothing,
+    ev.RUN_ATTRIBUTES_SET: _attributes_set,
+    ev.APPROVAL_DECIDED: _nothing,
 }
 
 
@@ -614,5 +642,21 @@ def apply(run: WorkflowRun | None, event: Event) -> WorkflowRun:
     return run
 
 
-#: The run stream: what the segment runner and the operations write through.
-RUNS = Stream(ev.RUN_STREAM, WorkflowRun, apply)
+#: The run stream: what the segment runner and the operations write through;
+#: every write of it keeps the run's search attribute rows in step.
+RUNS = Stream(ev.RUN_STREAM, WorkflowRun, apply, after_write=attribute_index.sync)
+
+
+def find_runs(
+    *, workflow: str | None = None, tenant: str | None = None, **attributes: str | int | bool
+) -> WorkflowRunQuerySet:
+    """Runs by their search attributes (``find_runs(customer="C-17")``),
+    newest first; ``workflow`` and ``tenant`` narrow them further."""
+    for name in attributes:
+        check_name(name)
+    qs = WorkflowRun.objects.with_attribute(**attributes)
+    if workflow is not None:
+        qs = qs.filter(workflow=workflow)
+    if tenant is not None:
+        qs = qs.filter(tenant_id=tenant)
+    return qs.order_by("-started_at")

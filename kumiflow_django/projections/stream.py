@@ -45,6 +45,9 @@ class Stream[M: models.Model]:
     stream_type: str
     model: type[M]
     fold: Callable[[M | None, Event], M]
+    #: Rows derived from the stream's rows (a run's search attribute index),
+    #: written after them in the same transaction: called with the changes.
+    after_write: Callable[[list[Change[M]]], None] | None = None
 
 
 class Change[M: models.Model]:
@@ -118,6 +121,12 @@ def write(changes: Iterable[Change[Any]]) -> None:
     for change in pending:
         if not change.new:
             _update(change, using)
+    derived: dict[Callable[[list[Change[Any]]], None], list[Change[Any]]] = {}
+    for change in pending:
+        if change.stream.after_write is not None:
+            derived.setdefault(change.stream.after_write, []).append(change)
+    for after_write, group in derived.items():
+        after_write(group)
     notify(events)
 
 

@@ -11,6 +11,8 @@ records). Imports only :mod:`kumiflow_django.store` and
 
 from kumiflow_django.definition.step import Step, StepKind, register_step_kind, resolve
 from kumiflow_django.steps.append_event import append_event
+from kumiflow_django.steps.approval import approval
+from kumiflow_django.steps.attributes import set_attributes
 from kumiflow_django.steps.branch import branch
 from kumiflow_django.steps.call import call, handler
 from kumiflow_django.steps.child import child
@@ -32,6 +34,7 @@ __all__ = [
     "Step",
     "StepKind",
     "append_event",
+    "approval",
     "branch",
     "call",
     "child",
@@ -46,6 +49,7 @@ __all__ = [
     "resolve",
     "retry",
     "return_",
+    "set_attributes",
     "task",
     "wait",
     "wait_for_event",

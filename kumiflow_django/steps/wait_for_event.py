@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kumiflow_django.definition import matching
+from kumiflow_django.definition.approvals import check_spec
 from kumiflow_django.definition.context import Context, WakeReason, state_part
 from kumiflow_django.definition.durations import check_when, to_deadline
 from kumiflow_django.definition.step import (
@@ -44,6 +45,8 @@ class WaitForEventKind(StepKind):
         if step.args["timeout"] is not None:
             check_when(step.args["timeout"])
             check_resolver(step.args["timeout"], "timeout")
+        if "approval" in step.args:
+            check_spec(step.args["approval"])
 
     def execute(self, step: Step, ctx: Context, path: list[Any], resume: list[Any] | None) -> Any:
         event_type = step.args["event_type"]
@@ -83,6 +86,8 @@ class WaitForEventKind(StepKind):
         raise Suspend(wait, path)
 
     def describe(self, step: Step) -> str:
+        if "approval" in step.args:
+            return f"approval {step.args['approval']['name']}"
         return f"wait for {step.args['event_type']}"
 
 

@@ -89,6 +89,10 @@ class InvalidRunState(KumiflowError):
     """The operation does not apply to a run in its current state."""
 
 
+class InvalidApproval(KumiflowError, ValueError):
+    """A decision the approval does not declare: a choice, a field, a type."""
+
+
 class DispatchNotFound(KumiflowError, LookupError):
     """No dispatch with that id exists."""
 

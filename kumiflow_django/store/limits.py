@@ -45,3 +45,10 @@ FLOW_SCOPE = WORKFLOW_NAME + 1 + EVENT_TYPE
 #: Priorities of runs and task attempts (Django's Tasks use the same range); higher first.
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
+#: Search attributes (``define_workflow(attributes=...)``): a name, and a value
+#: as the index stores it (text). (name, value, started_at) is one index key:
+#: 4 bytes a character on MariaDB's utf8mb4 stays far below its 3072 bytes.
+ATTRIBUTE_NAME = 64
+ATTRIBUTE_VALUE = 200
+#: Attributes one run may carry.
+ATTRIBUTES_PER_RUN = 32

@@ -42,6 +42,10 @@ DEFINITION_SWITCHED = "kumiflow.workflow.definition-switched"
 #: An operator restarted this (finished) run from one of its steps: a new run,
 #: linked to it; this run's end stays what it was.
 RUN_RESTARTED = "kumiflow.workflow.run-restarted"
+#: A step set (or removed) search attributes of the run (``set_attributes``).
+RUN_ATTRIBUTES_SET = "kumiflow.workflow.attributes-set"
+#: An operator (or code) decided an approval the run waits at (``decide_approval``).
+APPROVAL_DECIDED = "kumiflow.workflow.approval-decided"
 
 RUN_EVENTS = frozenset(
     {
@@ -66,6 +70,8 @@ RUN_EVENTS = frozenset(
         RUN_DEBOUNCED,
         DEFINITION_SWITCHED,
         RUN_RESTARTED,
+        RUN_ATTRIBUTES_SET,
+        APPROVAL_DECIDED,
     }
 )
 
@@ -147,6 +153,9 @@ UNSTORABLE_STATE = "unstorable_state"
 #: A key resolver of the workflow's concurrency limit or rate raised (or
 #: returned something that is not a short string): the run never started.
 FLOW_KEY_FAILED = "flow_key_failed"
+#: A search attribute's resolver raised (or returned a value the index cannot
+#: store) at the start: the run is recorded as failed, like a flow key's.
+ATTRIBUTE_FAILED = "attribute_failed"
 
 CRON_STREAM = "cron-schedule"
 #: A schedule's stream id is this prefix and its workflow's name.

@@ -133,6 +133,8 @@ class RunStarted(TypedDict):
     parent: NotRequired[ParentRef]
     #: A restart of an earlier run from one of its steps (engine.restart).
     restart: NotRequired[dict[str, Any]]
+    #: Search attributes resolved at the start (None-valued ones left out).
+    attributes: NotRequired[dict[str, str | int | bool]]
 
 
 class Suspended(TypedDict):
@@ -246,6 +248,25 @@ class SegmentRefused(TypedDict):
     error: str
     retry_at: str
     event: NotRequired[EventRef]
+
+
+class RunAttributesSet(TypedDict):
+    """A ``set_attributes`` step's changes (None: the attribute is removed)."""
+
+    attributes: dict[str, str | int | bool | None]
+    step: str
+
+
+class ApprovalDecided(TypedDict):
+    """The decision an approval step waits for (``decide_approval``), on the
+    run's own stream: which approval, the choice, the declared fields, who
+    decided (also the event's ``created_by``) and why."""
+
+    approval: str
+    choice: str
+    fields: dict[str, Any]
+    by: str
+    reason: NotRequired[str]
 
 
 class ChildSettled(TypedDict):
@@ -482,6 +503,8 @@ PAYLOADS: dict[str, type[Any]] = {
     ev.COMPENSATION_STARTED: CompensationStarted,
     ev.RUN_ADMITTED: RunAdmitted,
     ev.RUN_DEBOUNCED: RunDebounced,
+    ev.RUN_ATTRIBUTES_SET: RunAttributesSet,
+    ev.APPROVAL_DECIDED: ApprovalDecided,
     ev.DISPATCH_REQUESTED: DispatchRequested,
     ev.DISPATCH_ATTEMPT_STARTED: DispatchAttemptStarted,
     ev.DISPATCH_ATTEMPT_FAILED: DispatchAttemptFailed,

@@ -123,6 +123,24 @@ def test_every_answer_matches_the_document(document, token_client, registry):
         api.get(f"{API}runs/{run}/events/", HTTP_LAST_EVENT_ID="-1"),
     )
 
+    define_workflow(
+        "inbox",
+        attributes={"customer": lambda ctx: ctx.event.payload["customer"]},
+        steps=[s.approval("manager", fields={"note": str})],
+    )
+    waiting = api.post_json(f"{API}runs/", {"workflow": "inbox", "payload": {"customer": "C-1"}})
+    waiting_id = waiting.json()["id"]
+    check("get", "/runs/", api.get(f"{API}runs/", {"attribute": "customer:C-1"}))
+    check("get", "/runs/", api.get(f"{API}runs/", {"attribute": "no colon"}))
+    check("get", "/approvals/", api.get(f"{API}approvals/"))
+    approve = f"{API}runs/{waiting_id}/approve/"
+    check("post", "/runs/{run_id}/approve/", api.post_json(approve, {"choice": "maybe"}))
+    check("post", "/runs/{run_id}/approve/", viewer.post_json(approve, {"choice": "approve"}))
+    decided = api.post_json(approve, {"choice": "approve", "fields": {"note": "ok"}})
+    check("post", "/runs/{run_id}/approve/", decided)
+    assert decided.json()["status"] == "completed"
+    check("post", "/runs/{run_id}/approve/", api.post_json(approve, {"choice": "approve"}))
+
     statuses = {status for _, _, status in check.seen}
     assert statuses == {200, 201, 204, 400, 401, 403, 404, 409}
     operations = {(m, p) for m, p, _ in check.seen}

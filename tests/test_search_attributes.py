@@ -1,0 +1,196 @@
+"""Search attributes: resolved at the start, changed by a step, indexed, found."""
+
+from __future__ import annotations
+
+import pytest
+
+from kumiflow_django import (
+    WorkflowDefinitionError,
+    append_event,
+    define_workflow,
+    find_runs,
+    on_event,
+    start_workflow,
+)
+from kumiflow_django import steps as s
+from kumiflow_django.models import RunAttribute, RunStatus, WorkflowRun
+from kumiflow_django.projections.rebuild import rebuild_all
+from kumiflow_django.store import limits
+from kumiflow_django.store import names as ev
+from tests.helpers import run_events, types
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def orders(registry):
+    return define_workflow(
+        "attr-order",
+        trigger=on_event("order.placed"),
+        attributes={
+            "customer": lambda ctx: ctx.trigger.payload["customer_id"],
+            "amount": lambda ctx: ctx.event.payload["cents"],
+            "express": lambda ctx: ctx.event.payload.get("express"),
+        },
+        steps=[
+            s.wait_for_event("order.paid", match={"stream_id": lambda ctx: ctx.event.stream_id}),
+            s.set_attributes(paid=True, express=None),
+            s.return_(1),
+        ],
+    )
+
+
+def place(n, customer, cents=500, express=None):
+    payload = {"customer_id": customer, "cents": cents}
+    if express is not None:
+        payload["express"] = express
+    append_event(f"order-{n}", "order.placed", payload)
+    return WorkflowRun.objects.latest("started_at")
+
+
+def index(run):
+    return dict(RunAttribute.objects.filter(run_id=run.id).values_list("name", "value"))
+
+
+def test_the_start_resolves_the_attributes_into_the_run_started_event_and_the_index(orders):
+    run = place(1, "C-17", express=True)
+
+    assert run.attributes == {"customer": "C-17", "amount": 500, "express": True}
+    started = run_events(run)[0]
+    assert started.payload["attributes"] == {"customer": "C-17", "amount": 500, "express": True}
+    assert index(run) == {"customer": "C-17", "amount": "500", "express": "true"}
+
+
+def test_a_none_value_at_the_start_leaves_the_attribute_out(orders):
+    run = place(1, "C-17")
+    assert "express" not in run.attributes
+    assert "express" not in index(run)
+
+
+def test_a_step_sets_and_removes_attributes_through_an_event_on_the_run_stream(orders):
+    run = place(1, "C-17", express=True)
+    append_event("order-1", "order.paid", {})
+    run.refresh_from_db()
+
+    assert run.status == RunStatus.COMPLETED
+    assert "attributes-set" in types(run)
+    assert run.attributes == {"customer": "C-17", "amount": 500, "paid": True}
+    assert index(run) == {"customer": "C-17", "amount": "500", "paid": "true"}
+
+
+def test_runs_are_found_by_attribute_from_code(orders):
+    first = place(1, "C-17")
+    place(2, "C-18")
+    third = place(3, "C-17", cents=900)
+
+    assert list(find_runs(customer="C-17")) == [third, first]
+    assert list(find_runs(customer="C-17", amount=900)) == [third]
+    assert list(WorkflowRun.objects.with_attribute(customer="C-18").values_list("id", flat=True))
+    assert not find_runs(customer="C-99").exists()
+    with pytest.raises(ValueError, match="identifier-like"):
+        find_runs(**{"not a name": "x"})
+
+
+def test_a_rebuild_reproduces_the_attributes_and_their_index(orders):
+    one = place(1, "C-17", express=True)
+    place(2, "C-18")
+    append_event("order-1", "order.paid", {})
+    one.refresh_from_db()
+    before = (one.attributes, index(one), RunAttribute.objects.count())
+
+    RunAttribute.objects.all().delete()
+    rebuild_all()
+
+    one.refresh_from_db()
+    assert (one.attributes, index(one), RunAttribute.objects.count()) == before
+    assert list(find_runs(customer="C-17")) == [one]
+
+
+def test_a_resolver_that_raises_fails_the_run_saying_why(registry):
+    define_workflow(
+        "attr-broken",
+        trigger=on_event("thing.happened"),
+        attributes={"customer": lambda ctx: ctx.event.payload["missing"]},
+        steps=[s.return_(1)],
+    )
+    append_event("t-1", "thing.happened", {})
+    run = WorkflowRun.objects.get(workflow="attr-broken")
+    assert run.status == RunStatus.FAILED
+    assert run.reason == ev.ATTRIBUTE_FAILED
+    assert "KeyError" in run.last_error and "search attribute" in run.last_error
+
+
+def test_a_value_the_index_cannot_store_fails_the_run(registry):
+    define_workflow(
+        "attr-long",
+        attributes={"note": lambda ctx: "x" * (limits.ATTRIBUTE_VALUE + 1)},
+        steps=[s.return_(1)],
+    )
+    run = start_workflow("attr-long")
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert run.reason == ev.ATTRIBUTE_FAILED
+    assert f"at most {limits.ATTRIBUTE_VALUE} characters" in run.last_error
+    assert not RunAttribute.objects.filter(run_id=run.id).exists()
+
+
+def test_a_step_that_sets_a_bad_value_fails_its_step(registry):
+    define_workflow(
+        "attr-bad-step",
+        steps=[s.set_attributes(total=lambda ctx: 1.5)],
+    )
+    run = start_workflow("attr-bad-step")
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "must be a string, an integer, a boolean or None" in run.last_error
+    assert run.attributes == {}
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        ({"1st": "x"}, "identifier-like"),
+        ({"a" * (limits.ATTRIBUTE_NAME + 1): "x"}, f"at most {limits.ATTRIBUTE_NAME}"),
+        ({"customer": 1.5}, "must be a string, an integer"),
+        ({"customer": "x" * (limits.ATTRIBUTE_VALUE + 1)}, "at most"),
+        ({"customer": lambda: 1}, "function of one argument"),
+        ("customer", "mapping"),
+        ({f"a{i}": 1 for i in range(limits.ATTRIBUTES_PER_RUN + 1)}, "at most"),
+    ],
+)
+def test_names_and_values_are_checked_when_the_workflow_is_defined(registry, attributes, message):
+    with pytest.raises(WorkflowDefinitionError, match=message):
+        define_workflow("attr-invalid", attributes=attributes, steps=[s.return_(1)])
+
+
+def test_set_attributes_is_checked_when_the_workflow_is_defined(registry):
+    with pytest.raises(WorkflowDefinitionError, match=r"step 0 \(set_attributes\).*identifier"):
+        define_workflow("attr-invalid", steps=[s.set_attributes(**{"a-b": 1})])
+    with pytest.raises(WorkflowDefinitionError, match="at least one"):
+        define_workflow("attr-invalid", steps=[s.set_attributes()])
+
+
+def test_attributes_are_not_part_of_the_fingerprint(registry):
+    plain = define_workflow("attr-fp", steps=[s.return_(1)], register=False)
+    tagged = define_workflow(
+        "attr-fp", steps=[s.return_(1)], attributes={"tier": "gold"}, register=False
+    )
+    assert plain.fingerprint == tagged.fingerprint
+
+
+def test_a_segment_that_fails_after_set_attributes_writes_none_of_them(registry):
+    """The change commits with its segment or not at all: the index rows too."""
+    define_workflow(
+        "attr-rollback",
+        attributes={"customer": "C-1"},
+        steps=[
+            s.set_attributes(stage="charged"),
+            s.compute("boom", lambda ctx: 1 / 0),
+        ],
+    )
+    run = start_workflow("attr-rollback")
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert run.attributes == {"customer": "C-1"}
+    assert index(run) == {"customer": "C-1"}
+    assert "attributes-set" not in types(run)
