@@ -455,6 +455,8 @@ def test_restart_from_a_step_after_its_pre_flight(page, live_server, registry, c
     page.goto(run_page(live_server, old))
     line = timeline_line(page, "restarted from step 2")
     assert "by ops" in line and "ticket 12" in line
+
+
 def test_filter_the_run_list_by_a_search_attribute(page, live_server, registry):
     define_workflow(
         "attr-orders",

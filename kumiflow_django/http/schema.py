@@ -324,28 +324,6 @@ RESTART_RUN: dict[str, Any] = {
             "type": "string",
             "enum": ["run", "current"],
             "description": "Run on the run's own definition (default) or the current one.",
-DECIDE_APPROVAL: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["choice"],
-    "properties": {
-        "choice": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 64,
-            "description": "One of the choices the approval declares.",
-        },
-        "fields": {
-            "type": "object",
-            "description": "Declared fields (all optional): name -> string, integer or boolean "
-            "as declared.",
-        },
-        "approval": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 64,
-            "description": "The approval the caller saw: refused (409) if the run waits at "
-            "another one.",
         },
         "reason": _REASON,
     },
@@ -395,6 +373,36 @@ RESTART_PLAN: dict[str, Any] = {
         "definition_changed": {"type": "boolean"},
         "idempotency_key": {"type": ["string", "null"]},
         "refusal": {"type": ["string", "null"]},
+    },
+}
+
+DECIDE_APPROVAL: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["choice"],
+    "properties": {
+        "choice": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 64,
+            "description": "One of the choices the approval declares.",
+        },
+        "fields": {
+            "type": "object",
+            "description": "Declared fields (all optional): name -> string, integer or boolean "
+            "as declared.",
+        },
+        "approval": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 64,
+            "description": "The approval the caller saw: refused (409) if the run waits at "
+            "another one.",
+        },
+        "reason": _REASON,
+    },
+}
+
 APPROVAL: dict[str, Any] = {
     "type": "object",
     "required": ["run", "approval", "choices", "fields", "waiting_since"],
