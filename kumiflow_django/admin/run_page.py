@@ -33,6 +33,7 @@ from kumiflow_django.definition.snapshots import outline, snapshot
 from kumiflow_django.engine import admission
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
+from kumiflow_django.projections.waits import own_wait
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -245,11 +246,12 @@ def _failure(
 
 
 def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
-    if run.status != RunStatus.WAITING_EVENT:
+    wait = own_wait(run)
+    if wait is None:
         return None
-    match = run.awaited_match if isinstance(run.awaited_match, dict) else {}
+    match = wait.match if isinstance(wait.match, dict) else {}
     return {
-        "event_type": run.awaited_event_type,
+        "event_type": wait.event_type,
         "match": sorted(match.items()),
         "timeout": run.wake_at,
         "timeout_at": when(run.wake_at),

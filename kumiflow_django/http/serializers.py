@@ -15,6 +15,7 @@ from typing import Any
 
 from kumiflow_django.http.errors import bad_request
 from kumiflow_django.models import WorkflowRun
+from kumiflow_django.projections.waits import own_wait
 
 #: The run list reads only these columns (the state and the trail can be large).
 SUMMARY_FIELDS = (
@@ -76,6 +77,7 @@ def run_summary(run: WorkflowRun) -> dict[str, Any]:
 def run_detail(run: WorkflowRun) -> dict[str, Any]:
     state = run.state if isinstance(run.state, dict) else {}
     error = None
+    wait = own_wait(run)
     if run.reason or run.last_error:
         error = {"reason": run.reason or None, "message": run.last_error}
     return {
@@ -83,7 +85,7 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
         "cursor": run.cursor,
         "attempt": run.attempt,
         "wake_at": timestamp(run.wake_at),
-        "awaiting": {"event_type": run.awaited_event_type} if run.awaited_event_type else None,
+        "awaiting": {"event_type": wait.event_type} if wait is not None else None,
         "input": run.input,
         "result": run.result,
         "steps": {"results": state.get("steps") or {}, "trail": list(run.trail or [])},
