@@ -200,9 +200,13 @@ def ended(
     what is parked behind it, and :func:`after_end` cleans up after it."""
     if had_waits:
         sync_waits(run.id, run.tenant_id, [], had=True)
+    # after_end locks the run's open tasks (and its subtree) first, the flow
+    # key last: the lock order (projections/lock_order.py) puts tasks before
+    # flow keys, and a recorder of a task's result holds the task, then waits
+    # for the run, never for a key.
+    after_end(run, cancelled=cancelled, notify_parent=notify_parent)
     if release and run.flow_key:
         admission.release(run)
-    after_end(run, cancelled=cancelled, notify_parent=notify_parent)
 
 
 def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) -> None:
