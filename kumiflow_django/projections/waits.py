@@ -122,7 +122,10 @@ def sync(run_id: uuid.UUID, tenant: str, waits: Iterable[dict[str, Any]], *, had
             RunWait.objects.filter(run_id=run_id).delete()
         return
     existing: dict[Key, int] = {}
-    if had:
+    if had and all(key[0] == ROOT for key in wanted):
+        # Its own wait after another (sequential waits): replaced, two statements.
+        RunWait.objects.filter(run_id=run_id).delete()
+    elif had:
         for row in RunWait.objects.filter(run_id=run_id).values(
             "id", "branch", "event_type", "correlation_key", "after", "gaps"
         ):
