@@ -645,8 +645,7 @@ W12_WORKFLOWS = ["bench-w1", "bench-w2", "bench-w3", "bench-w5", "bench-w6"]
 
 _RUN_COLUMNS = (
     "id, tenant_id, workflow, workflow_version, fingerprint, status, start_mode, cursor, state, "
-    "trail, wake_at, awaited_event_type, correlation_key, awaited_match, since_position, "
-    "since_gaps, awaited_after, matched_position, attempt, last_error, reason, result, input, "
+    "trail, wake_at, since_position, since_gaps, matched_position, attempt, last_error, reason, result, input, "
     "trigger_type, trigger_position, idempotency_key, version, recoveries, lease_owner, "
     "lease_until, started_at, updated_at, finished_at"
 )
@@ -698,13 +697,11 @@ def _w12_sql(vendor: str, n: int) -> list[str]:
         f"WHEN m >= 995 AND m < 998 THEN {later('3600')} "
         f"WHEN m = 999 THEN started END"
     )
-    waits = "m >= 980 AND m < 995"
     failed = "m >= 900 AND m < 930"
     runs = (
         f"INSERT INTO kumiflow_workflowrun ({_RUN_COLUMNS}) SELECT {uuid}, 'default', "
         f"{workflow}, '', '{'0' * 64}', {_STATUS}, 'inline', NULL, {js(state)}, {js('[]')}, "
-        f"{wake}, CASE WHEN {waits} THEN 'bench.approved' ELSE '' END, "
-        f"CASE WHEN {waits} THEN 'k' || x ELSE '' END, NULL, 0, NULL, NULL, NULL, 1, "
+        f"{wake}, 0, NULL, NULL, 1, "
         f"CASE WHEN {failed} THEN 'ValueError at step 2' ELSE '' END, "
         f"CASE WHEN {failed} THEN 'step_failed' ELSE '' END, NULL, NULL, 'manual', NULL, "
         f"CASE WHEN x % 2 = 0 THEN 'order:' || x END, 3, 0, '', NULL, started, started, "
@@ -719,7 +716,14 @@ def _w12_sql(vendor: str, n: int) -> list[str]:
         f"CASE WHEN m >= 990 AND m < 999 THEN started END, '', 200, 2, started, started, "
         f"CASE WHEN m < 990 THEN started END FROM ({series(n // 5)}) AS s"
     )
-    return [runs, outbox]
+    # The waiting runs' waits (one RunWait row each, as wait_for_event leaves).
+    waiting = (
+        "INSERT INTO kumiflow_runwait (run_id, tenant_id, branch, event_type, correlation_key, "
+        f"match, after, gaps) SELECT id, tenant_id, '', 'bench.approved', 'k' || "
+        f"{'id::text' if pg else 'id'}, {js('{}')}, 0, NULL FROM kumiflow_workflowrun "
+        "WHERE status = 'waiting_event'"
+    )
+    return [runs, waiting, outbox]
 
 
 def _timed_get(client: Any, url: str, repeat: int) -> dict[str, float]:

@@ -20,7 +20,16 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connection
 
-from kumiflow_django import OperationConflict, cancel_run, define_workflow, start_workflow, wake_run
+from kumiflow_django import (
+    Limit,
+    OperationConflict,
+    append_event,
+    cancel_run,
+    define_workflow,
+    on_event,
+    start_workflow,
+    wake_run,
+)
 from kumiflow_django import steps as s
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.http.tokens import API_PERMISSIONS, create_token
@@ -365,6 +374,38 @@ def test_a_cancel_locks_the_tree_by_depth_then_the_tasks(registry):
     assert len(set(run_locks(taken))) == 5
     assert set(WorkflowRun.objects.values_list("status", flat=True)) == {RunStatus.CANCELLED}
     assert set(StepTask.objects.values_list("status", flat=True)) == {TaskStatus.CANCELLED}
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_a_limited_run_that_ends_locks_its_tasks_before_its_flow_key(registry):
+    """A run under a concurrency limit, with a task open and a run parked
+    behind its key, is cancelled: its end cancels the task (locked) before it
+    frees its key's slot (locked), as a recorder of the task's result would
+    come: the task, then the run, never the key first."""
+    define_workflow(
+        "lock-limited",
+        trigger=on_event("lock.go"),
+        concurrency=Limit(key=lambda event: event.payload["k"], max=1),
+        steps=[s.task("t", double, args=[1]), s.wait("PT1H")],
+    )
+    append_event("lock-a", "lock.go", {"k": "same"})
+    append_event("lock-b", "lock.go", {"k": "same"})
+    first = WorkflowRun.objects.get(status=RunStatus.WAITING_EVENT)
+    assert WorkflowRun.objects.filter(status=RunStatus.QUEUED).count() == 1
+    with recorded_locks() as taken:
+        cancel_run(first.pk, reason="enough")
+    kinds = [kind for kind, _ in taken]
+    assert "task" in kinds and "flow key" in kinds, kinds
+    key_at = kinds.index("flow key")
+    assert kinds.index("task") < key_at, kinds
+    assert_in_lock_order(taken[: key_at + 1])
+    # After the key only the parked run it wakes, the one exception of
+    # flow/gates.py: whoever holds a parked run never takes its key.
+    assert set(kinds[key_at + 1 :]) == {"run"}, kinds
+    assert StepTask.objects.get(run_id=first.pk).status == TaskStatus.CANCELLED
+    queued = WorkflowRun.objects.get(status=RunStatus.QUEUED)
+    assert queued.wake_at is not None  # its slot freed: woken
 
 
 # -- what a lost lock conflict answers -----------------------------------------------------

@@ -18,7 +18,7 @@ from kumiflow_django import (
     wake_run,
 )
 from kumiflow_django import steps as s
-from kumiflow_django.models import CronSchedule, Dispatch, WorkflowRun
+from kumiflow_django.models import CronSchedule, Dispatch, RunWait, WorkflowRun
 from kumiflow_django.projections.dispatches import DELIVERABLE
 from kumiflow_django.projections.runs import SUSPENDED
 from kumiflow_django.projections.user import remove_projection
@@ -135,14 +135,25 @@ def test_rebuild_gives_tables_identical_to_the_live_ones(registry, clock, mailou
         not Dispatch.objects.exclude(status__in=DELIVERABLE).exclude(next_attempt_at=None).exists()
     )
 
+    def waits() -> list[tuple]:
+        fields = ("run_id", "branch", "event_type", "correlation_key", "match", "after", "gaps")
+        return sorted(RunWait.objects.values_list(*fields), key=str)
+
+    before_waits = waits()
+    # Every run waiting for an event has its wait as a row, of the root branch.
+    waiting_ids = [r["id"] for r in before[WorkflowRun] if r["status"] == "waiting_event"]
+    assert sorted(w[0] for w in before_waits) == sorted(waiting_ids)
+    assert {w[1] for w in before_waits} == {""}
+
     call_command("kumiflow_rebuild", verbosity=0)
 
     for model, rows in before.items():
         assert snapshot(model) == rows, model.__name__
+    assert waits() == before_waits
 
 
 def test_rebuild_reproduces_branches_children_and_compensation(registry, clock):
-    from kumiflow_django.models import RunWait, StepTask
+    from kumiflow_django.models import StepTask
     from testproject.shop.tasks import double
 
     define_workflow("leaf", steps=[s.wait("PT1H"), s.return_("leaf done")])

@@ -8,7 +8,7 @@ import pytest
 
 from kumiflow_django import append_event, define_workflow, on_event
 from kumiflow_django import steps as s
-from kumiflow_django.models import RunStatus, WorkflowRun
+from kumiflow_django.models import RunStatus, RunWait, WorkflowRun
 from kumiflow_django.workers.resume import ResumeLoop
 from tests.helpers import only_run, run_events, types
 
@@ -40,7 +40,12 @@ def place(order_id, tenant=None):
 def test_the_awaited_event_wakes_its_run_at_once_and_becomes_the_step_result(order_workflow, clock):
     run = place(42)
     assert run.status == RunStatus.WAITING_EVENT
-    assert run.awaited_match == {"payload.order_id": 42}
+    (wait,) = RunWait.objects.filter(run_id=run.id)
+    assert (wait.branch, wait.event_type, wait.match) == (
+        "",
+        "payment.received",
+        {"payload.order_id": 42},
+    )
     assert run.wake_at == clock.now() + dt.timedelta(days=3)
 
     paid = append_event("pay-1", "payment.received", {"order_id": 42, "cents": 500})

@@ -11,6 +11,7 @@ from kumiflow_django import define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.models import RunStatus
 from kumiflow_django.projections.waiting_for import waiting_for
+from kumiflow_django.projections.waits import RunWait
 from kumiflow_django.store import names as ev
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +41,10 @@ def checkout(registry):
 
 def test_a_run_waiting_for_its_task_says_which_task(checkout):
     run = start_workflow("checkout", payload={"order": "o-1", "cents": 1999})
-    assert (run.status, run.awaited_event_type) == (RunStatus.WAITING_EVENT, ev.TASK_SETTLED)
+    assert (run.status, RunWait.objects.get(run_id=run.id, branch="").event_type) == (
+        RunStatus.WAITING_EVENT,
+        ev.TASK_SETTLED,
+    )
     awaited = waiting_for(run)
     assert awaited is not None
     assert (awaited["kind"], awaited["step"], awaited["path"], awaited["text"]) == (
@@ -49,7 +53,9 @@ def test_a_run_waiting_for_its_task_says_which_task(checkout):
         "0",
         "waiting for task charge",
     )
-    assert awaited["id"] == (run.awaited_match or {})["stream_id"]  # the task's id
+    assert (
+        awaited["id"] == RunWait.objects.get(run_id=run.id, branch="").match["stream_id"]
+    )  # the task's id
 
 
 def test_the_console_shows_waiting_for_task_in_the_list_and_on_the_run_page(checkout, admin_client):
@@ -70,7 +76,7 @@ def test_an_event_wait_keeps_the_name_of_its_event(checkout, admin_client):
     run = start_workflow("checkout", payload={"order": "o-1", "cents": 1999})
     run_until_idle()
     run.refresh_from_db()
-    assert run.awaited_event_type == "order.approved"
+    assert RunWait.objects.get(run_id=run.id, branch="").event_type == "order.approved"
     awaited = waiting_for(run)
     assert awaited is not None
     assert (awaited["kind"], awaited["step"], awaited["id"], awaited["text"]) == (
@@ -101,7 +107,10 @@ def test_a_run_waiting_for_its_delivery_says_which_step(registry):
         ],
     )
     run = start_workflow("notify")
-    assert (run.status, run.awaited_event_type) == (RunStatus.WAITING_EVENT, ev.SETTLED)
+    assert (run.status, RunWait.objects.get(run_id=run.id, branch="").event_type) == (
+        RunStatus.WAITING_EVENT,
+        ev.SETTLED,
+    )
     awaited = waiting_for(run)
     assert awaited is not None
     assert (awaited["kind"], awaited["step"], awaited["id"], awaited["text"]) == (

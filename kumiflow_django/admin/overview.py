@@ -40,6 +40,7 @@ from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.projections.tasks import StepTask
+from kumiflow_django.projections.waits import ROOT, RunWait
 from kumiflow_django.store import clock, db, leases, replica
 from kumiflow_django.store import names as ev
 
@@ -358,8 +359,9 @@ def waits(now: datetime) -> dict[str, Figure]:
     """Runs waiting for a person (at an approval) apart from runs waiting for
     other events (a carrier's webhook, a payment)."""
     waiting = WorkflowRun.objects.filter(status=RunStatus.WAITING_EVENT)
-    person = waiting.filter(awaited_event_type=ev.APPROVAL_DECIDED)
-    other = waiting.exclude(awaited_event_type=ev.APPROVAL_DECIDED)
+    approvals = RunWait.objects.filter(branch=ROOT, event_type=ev.APPROVAL_DECIDED)
+    person = waiting.filter(id__in=approvals.values("run_id"))
+    other = waiting.exclude(id__in=approvals.values("run_id"))
     people, others = capped_counts([person, other])
     return {
         "person": _figure(people, reverse("admin:kumiflow_approvals")),

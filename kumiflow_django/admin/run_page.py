@@ -36,6 +36,7 @@ from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import COMPENSATE, FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.projections.waiting_for import waiting_for
+from kumiflow_django.projections.waits import own_wait
 from kumiflow_django.store import clock
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -304,15 +305,16 @@ def step_words(run: WorkflowRun, path: str, steps: list[dict[str, Any]] | None) 
 
 
 def _waiting(run: WorkflowRun) -> dict[str, Any] | None:
-    if run.status != RunStatus.WAITING_EVENT:
+    wait = own_wait(run)
+    if wait is None:
         return None
-    match = run.awaited_match if isinstance(run.awaited_match, dict) else {}
-    awaited = waiting_for(run)
+    match = wait.match if isinstance(wait.match, dict) else {}
+    awaited = waiting_for(run, wait)
     return {
         # "waiting for task charge": the engine's own events said as what they are.
-        "title": awaited["text"] if awaited else f"waiting for event {run.awaited_event_type}",
+        "title": awaited["text"] if awaited else f"waiting for event {wait.event_type}",
         "kind": awaited["kind"] if awaited else "event",
-        "event_type": run.awaited_event_type,
+        "event_type": wait.event_type,
         "match": sorted(match.items()),
         "timeout": run.wake_at,
         "timeout_at": when(run.wake_at),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -43,6 +44,7 @@ from kumiflow_django.engine.operations import retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.waiting_for import waiting_for
+from kumiflow_django.projections.waits import own_wait, own_waits
 from kumiflow_django.store import clock, leases
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -90,7 +92,7 @@ def _explain_wake(run: WorkflowRun) -> list[str]:
             f"with it at {at}."
         ]
     lines = [
-        f"The run waits at {at} for an event {run.awaited_event_type}. Waking it now takes "
+        f"The run waits at {at} for an event {awaited_type(run)}. Waking it now takes "
         "the TIMEOUT path: the wait ends as timed out, as if its timeout had passed, "
         "without the event.",
         "To let the run go on WITH the event (an approval), use “Send event” instead.",
@@ -283,13 +285,29 @@ class ChildRunsFilter(admin.SimpleListFilter):
         return queryset.filter(parent_id__isnull=True)
 
 
+def awaited_type(run: WorkflowRun) -> str:
+    """The event type a run in ``wait_for_event`` awaits (read once per list
+    page by :class:`RunChangeList`, else from its wait)."""
+    known = getattr(run, "awaited_type", None)
+    if known is not None:
+        return str(known)
+    wait = own_wait(run)
+    return wait.event_type if wait is not None else ""
+
+
 class RunChangeList(CheckedChangeList):
     """The run list, with each row's business key read in one query per page."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        business_keys(list(self.result_list))
-        delivery_problems(list(self.result_list))
+        page = list(self.result_list)
+        business_keys(page)
+        delivery_problems(page)
+        waits = own_waits(page)
+        for run in page:
+            wait = waits.get(run.id)
+            run.awaited_type = wait.event_type if wait is not None else ""
+            run.own_wait = wait
 
 
 def delivery_problems(runs: Sequence[WorkflowRun]) -> None:
@@ -437,10 +455,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
                 '<span class="kf-key" title="{}">{}</span>', awaited["event_type"], awaited["text"]
             )
         if run.status == RunStatus.WAITING_EVENT:
+            event_type = awaited_type(run)
             return format_html(
-                'for <span class="kf-key" title="{}">{}</span>',
-                run.awaited_event_type,
-                run.awaited_event_type,
+                'for <span class="kf-key" title="{}">{}</span>', event_type, event_type
             )
         if run.wake_at and run.status not in FINISHED:
             local = timezone.localtime(run.wake_at)
@@ -505,6 +522,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         ),
     ]
     readonly_fields = [
+        "awaited_event_type",
+        "awaited_match",
         "trigger_link",
         "dispatches_link",
         "recovery",
@@ -514,6 +533,15 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         "updated_when",
         "finished_when",
     ]
+
+    @admin.display(description="awaited event")
+    def awaited_event_type(self, run: WorkflowRun) -> str:
+        return awaited_type(run) or "—"
+
+    @admin.display(description="awaited match")
+    def awaited_match(self, run: WorkflowRun) -> str:
+        wait = own_wait(run)
+        return json.dumps(wait.match, ensure_ascii=False) if wait is not None else "—"
 
     @admin.display(description="wakes at")
     def wake_when(self, run: WorkflowRun) -> SafeString | str:

@@ -21,6 +21,7 @@ from django.db.models import Q
 
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.registry import registry
+from kumiflow_django.projections.waits import RunWait
 from kumiflow_django.store import db, limits
 
 #: A run id prefix needs this many hex digits: fewer would match a sixteenth
@@ -87,7 +88,8 @@ def runs_matching(term: str) -> Q | None:
     parts = [key_prefix("idempotency_key", term), id_prefix(term)]
     keys = correlation_keys(term)
     if keys:
-        parts.append(Q(correlation_key__in=keys))
+        # A run that waits for an event matching on the term (its own wait or a branch's).
+        parts.append(Q(pk__in=RunWait.objects.filter(correlation_key__in=keys).values("run_id")))
     for part in parts:
         if part is not None:
             condition = part if condition is None else condition | part

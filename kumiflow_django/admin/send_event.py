@@ -22,6 +22,7 @@ from django.template.response import TemplateResponse
 
 from kumiflow_django.admin.confirm import object_page, operator
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.projections.waits import own_wait
 from kumiflow_django.store import limits
 from kumiflow_django.store.errors import KumiflowError
 from kumiflow_django.store.log import RESERVED_PREFIX, append_event
@@ -82,10 +83,13 @@ class SendEventForm(forms.Form):
 def refuse(run: WorkflowRun) -> str | None:
     if run.status != RunStatus.WAITING_EVENT:
         return f"the run is {run.status}: it waits for no event"
-    if (run.awaited_event_type or "").startswith(RESERVED_PREFIX):
+    wait = own_wait(run)
+    if wait is None:
+        return "the run waits for no event"
+    if wait.event_type.startswith(RESERVED_PREFIX):
         return (
             "the run waits for the delivery of an outbox request "
-            f"({run.awaited_event_type}); only the engine writes that event"
+            f"({wait.event_type}); only the engine writes that event"
         )
     return None
 
@@ -104,7 +108,8 @@ def prefill(run: WorkflowRun) -> dict[str, Any]:
     payload: dict[str, Any] = {}
     metadata: dict[str, Any] = {}
     stream_id = stream_type = ""
-    match = run.awaited_match if isinstance(run.awaited_match, dict) else {}
+    wait = own_wait(run)
+    match = wait.match if wait is not None and isinstance(wait.match, dict) else {}
     for path, value in sorted(match.items()):
         if path == "stream_id":
             stream_id = str(value)
@@ -138,6 +143,9 @@ def send_event_view(
     run: WorkflowRun = model_admin.object_or_404(request, object_id)
     back = object_page(model_admin, run)
     refused = refuse(run)
+    wait = own_wait(run)
+    awaited_type = wait.event_type if wait is not None else ""
+    awaited_match = wait.match if wait is not None and isinstance(wait.match, dict) else {}
     form = SendEventForm(request.POST if request.method == "POST" else None, initial=prefill(run))
     if request.method == "POST" and refused is not None:
         model_admin.message_user(request, f"No event sent: {refused}.", messages.ERROR)
@@ -153,7 +161,7 @@ def send_event_view(
         try:
             event = append_event(
                 data["stream_id"],
-                run.awaited_event_type,
+                awaited_type,
                 data["payload"],
                 stream_type=data["stream_type"],
                 tenant=run.tenant_id,
@@ -168,13 +176,14 @@ def send_event_view(
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.model._meta,
-        "title": f"Send {run.awaited_event_type} to run {str(run.id)[:8]}",
+        "title": f"Send {awaited_type} to run {str(run.id)[:8]}",
         "subject": f"Run {str(run.id)[:8]}",
         "run": run,
         "refused": refused,
         "form": form,
         "back": back,
-        "match": sorted((run.awaited_match or {}).items()),
+        "match": sorted(awaited_match.items()),
+        "awaited_type": awaited_type,
     }
     return TemplateResponse(request, "kumiflow/send_event.html", context)
 

@@ -20,6 +20,7 @@ from kumiflow_django.definition.approvals import clean_decision
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.engine.operations import _append, _lock
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.projections.waits import ROOT, RunWait, own_wait
 from kumiflow_django.store import db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
@@ -53,17 +54,31 @@ class Approval:
 
 def waiting_approvals() -> QuerySet[WorkflowRun, WorkflowRun]:
     """Runs that wait for a person (at an approval), the longest waiting first."""
+    approvals = RunWait.objects.filter(branch=ROOT, event_type=ev.APPROVAL_DECIDED)
     return WorkflowRun.objects.filter(
-        status=RunStatus.WAITING_EVENT, awaited_event_type=ev.APPROVAL_DECIDED
+        status=RunStatus.WAITING_EVENT, id__in=approvals.values("run_id")
     ).order_by("updated_at", "started_at")
+
+
+def _awaited_approval(run: WorkflowRun) -> str | None | bool:
+    """The approval's name the run's own wait matches on (None: unnamed), or
+    False when the run does not wait for a decision."""
+    if run.status != RunStatus.WAITING_EVENT:
+        return False
+    wait = own_wait(run)
+    if wait is None or wait.event_type != ev.APPROVAL_DECIDED:
+        return False
+    match = wait.match if isinstance(wait.match, dict) else {}
+    name = match.get("payload.approval")
+    return name if isinstance(name, str) else None
 
 
 def approval_of(run: WorkflowRun) -> Approval | None:
     """The approval ``run`` waits at (None: it waits at none, or its
     workflow is not registered here, or no longer declares it there)."""
-    if run.status != RunStatus.WAITING_EVENT or run.awaited_event_type != ev.APPROVAL_DECIDED:
+    name = _awaited_approval(run)
+    if name is False:
         return None
-    name = (run.awaited_match or {}).get("payload.approval")
     if not registry.is_registered(run.workflow) or not run.cursor:
         return None
     try:
@@ -83,7 +98,7 @@ def approval_of(run: WorkflowRun) -> Approval | None:
 
 def refuse_decide(run: WorkflowRun, approval: str | None = None) -> str | None:
     """Why :func:`decide_approval` does not apply to ``run`` (None: it does)."""
-    if run.status != RunStatus.WAITING_EVENT or run.awaited_event_type != ev.APPROVAL_DECIDED:
+    if _awaited_approval(run) is False:
         return f"the run is {run.status}, not waiting at an approval"
     if run.matched_position is not None:
         return "the run's approval is decided already; it continues shortly"

@@ -48,6 +48,7 @@ from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
 from kumiflow_django.projections.tasks import StepTask
 from kumiflow_django.projections.tasks import append as append_task
 from kumiflow_django.projections.waits import sync as sync_waits
+from kumiflow_django.projections.waits import waits_events
 from kumiflow_django.store import clock, db
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.db import for_update
@@ -195,13 +196,17 @@ def ended(
 ) -> None:
     """What every end of a run does in its transaction once its row is
     written, whoever ended it (``Segment.write``, the cancel of a child run):
-    the waits of its branches go, its concurrency key's slot frees and wakes
+    its waits go, its concurrency key's slot frees and wakes
     what is parked behind it, and :func:`after_end` cleans up after it."""
     if had_waits:
         sync_waits(run.id, run.tenant_id, [], had=True)
+    # after_end locks the run's open tasks (and its subtree) first, the flow
+    # key last: the lock order (projections/lock_order.py) puts tasks before
+    # flow keys, and a recorder of a task's result holds the task, then waits
+    # for the run, never for a key.
+    after_end(run, cancelled=cancelled, notify_parent=notify_parent)
     if release and run.flow_key:
         admission.release(run)
-    after_end(run, cancelled=cancelled, notify_parent=notify_parent)
 
 
 def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) -> None:
@@ -259,7 +264,7 @@ def cancel_child(child_id: uuid.UUID | str, *, reason: str) -> None:
     child = for_update(WorkflowRun.objects.filter(pk=child_id)).first()  # its parent is held
     if child is None or child.status in FINISHED:
         return
-    had_waits, held_slot = child.branch_waits > 0, admission.holds_slot(child)
+    had_waits, held_slot = waits_events(child), admission.holds_slot(child)
     change = Change(RUNS, str(child.id), child.tenant_id, child, now=clock.now())
     child.lease_owner, child.lease_until = "", None
     change.add(ev.RUN_CANCELLED, {"reason": reason})

@@ -48,7 +48,7 @@ from kumiflow_django.flow.admission import Pending
 from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.projections.waits import RunWait
+from kumiflow_django.projections.waits import ROOT, RunWait, waits_events
 from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
@@ -161,44 +161,61 @@ def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
     return updated
 
 
-def satisfies(run: WorkflowRun, event: Event) -> bool:
-    if run.status == RunStatus.WAITING and run.branch_waits:
-        return any(wait.accepts(event) for wait in branch_waits(run, event.type))
-    return run.status == RunStatus.WAITING_EVENT and awaited(run).accepts(event)
+def satisfies(run: WorkflowRun, event: Event, found: list[Wait] | None = None) -> bool:
+    """Whether ``event`` satisfies a wait of the locked ``run``. ``found``: the
+    run's waits for events like it, read with the run at the version it has
+    now (the wake-up's look-up); else they are read here."""
+    if not _waits_now(run):
+        return False
+    candidates = found if found is not None else run_waits(run, event.type)
+    return any(wait.accepts(event) for wait in candidates)
 
 
-def awaited(run: WorkflowRun) -> Wait:
-    """The wait of a run suspended in ``wait_for_event`` (the run row's columns)."""
-    return Wait(
-        run.awaited_event_type or "",
-        run.tenant_id,
-        run.awaited_match or {},
-        Cutoff.of(run.awaited_after or 0, run.awaited_gaps, run.since_position, run.since_gaps),
+def _waits_now(run: WorkflowRun) -> bool:
+    """It waits for an event: in ``wait_for_event``, or in its branches."""
+    return run.status == RunStatus.WAITING_EVENT or (
+        run.status == RunStatus.WAITING and run.branch_waits > 0
     )
 
 
-def branch_waits(run: WorkflowRun, event_type: str | None = None) -> list[Wait]:
-    """The waits of a run's branches (its ``RunWait`` rows), those that an
-    event of ``event_type`` may satisfy when it is given."""
+def _wait(run: WorkflowRun, event_type: str, match: Any, after: int, own: Any) -> Wait:
+    return Wait(
+        event_type,
+        run.tenant_id,
+        match or {},
+        Cutoff.of(after, own, run.since_position, run.since_gaps),
+    )
+
+
+def run_waits(run: WorkflowRun, event_type: str | None = None) -> list[Wait]:
+    """The run's waits (its ``RunWait`` rows, the one place a wait is stored),
+    those that an event of ``event_type`` may satisfy when it is given."""
     rows = RunWait.objects.filter(run_id=run.id)
     if event_type is not None:
         rows = rows.filter(event_type__in=awaited_as(event_type))
     return [
-        Wait(
-            awaited_type,
-            run.tenant_id,
-            match,
-            Cutoff.of(after, own, run.since_position, run.since_gaps),
-        )
-        for awaited_type, match, after, own in rows.values_list(
-            "event_type", "match", "after", "gaps"
-        )
+        _wait(run, *row)
+        for row in rows.order_by("id").values_list("event_type", "match", "after", "gaps")
     ]
+
+
+def awaited(run: WorkflowRun) -> Wait | None:
+    """The wait of a run suspended in ``wait_for_event`` (its row of the root
+    branch), or None."""
+    if run.status != RunStatus.WAITING_EVENT:
+        return None
+    row = (
+        RunWait.objects.filter(run_id=run.id, branch=ROOT)
+        .values_list("event_type", "match", "after", "gaps")
+        .first()
+    )
+    return _wait(run, *row) if row is not None else None
 
 
 def lookback(run: WorkflowRun) -> Event | None:
     """The first event since the wait's cut-off that satisfies the waiting run."""
-    return awaited(run).lookback()
+    wait = awaited(run)
+    return wait.lookback() if wait is not None else None
 
 
 def _served_here(run: WorkflowRun) -> bool:
@@ -383,7 +400,7 @@ def children_settled(run: WorkflowRun) -> dict[str, dict[str, Any]]:
 
 def after_segment(run: WorkflowRun) -> None:
     """Tell the loops (after commit) about work a segment left behind."""
-    if run.status == RunStatus.WAITING_EVENT or run.branch_waits:
+    if waits_events(run):
         recheck_after_commit(run)
     if run.wake_at is not None:
         work_committed(WorkKind.RESUME, run.wake_at, run.id)
@@ -392,42 +409,61 @@ def after_segment(run: WorkflowRun) -> None:
 # --- awaited events ---------------------------------------------------------
 
 
-def _waiting_query(event: Event) -> QuerySet[WorkflowRun, WorkflowRun] | None:
-    """Runs of the event's tenant that wait for an event like this one (or None):
-    on their own row, or in a branch (``RunWait``)."""
+def _waiting_query(event: Event) -> QuerySet[RunWait, RunWait] | None:
+    """The waits of the event's tenant for an event like this one (or None),
+    with their waiting runs: one statement on the waits' correlation index,
+    joined to each run's row by its primary key."""
     condition = None
-    branches = None
-    for awaited in awaited_as(event.type):
-        path_sets = registry.awaited_paths(awaited)
+    for awaited_type in awaited_as(event.type):
+        path_sets = registry.awaited_paths(awaited_type)
         keys = matching.keys_for_event(event, path_sets) if path_sets else []
         if keys:
-            q = Q(awaited_event_type=awaited, correlation_key__in=keys)
+            q = Q(event_type=awaited_type, correlation_key__in=keys)
             condition = q if condition is None else condition | q
-            w = Q(event_type=awaited, correlation_key__in=keys)
-            branches = w if branches is None else branches | w
-    if condition is None or branches is None:
+    if condition is None:
         return None
     # No cut-off in SQL: an event that commits late may have a position below
-    # a run's cut-off and still count (a gap of its start); ``satisfies`` decides.
-    single = WorkflowRun.objects.filter(condition).filter(
-        tenant_id=event.tenant_id, status=RunStatus.WAITING_EVENT
+    # a wait's cut-off and still count (a gap of its start); ``satisfies`` decides.
+    return (
+        RunWait.objects.filter(condition)
+        .filter(
+            tenant_id=event.tenant_id,
+            run__status__in=(RunStatus.WAITING_EVENT, RunStatus.WAITING),
+        )
+        .order_by("run__started_at", "run_id", "id")
     )
-    if not any(registry.awaited_in_branches(a) for a in awaited_as(event.type)):
-        return single.order_by("started_at")
-    in_branches = RunWait.objects.filter(branches, tenant_id=event.tenant_id).values("run_id")
-    runs = WorkflowRun.objects.filter(
-        Q(pk__in=single.values("pk")) | Q(pk__in=in_branches, status=RunStatus.WAITING)
-    )
-    return runs.order_by("started_at")
 
 
 def waiting_for(event: Event) -> list[uuid.UUID]:
     qs = _waiting_query(event)
-    return [] if qs is None else list(qs.values_list("id", flat=True))
+    if qs is None:
+        return []
+    return list(dict.fromkeys(qs.values_list("run_id", flat=True)))
 
 
 def is_awaited(event_type: str) -> bool:
     return any(registry.awaited_paths(a) for a in awaited_as(event_type))
+
+
+class _Found:
+    """A waiting run as the wake-up's look-up read it: where it is in the lock
+    order, its version then, and its waits for the event."""
+
+    def __init__(self, depth: int, parent: uuid.UUID | None, parent_waits: bool, version: int):
+        self.order = lock_order.Placed(depth, parent, parent_waits)
+        self.version = version
+        self.waits: list[tuple[str, Any, int, Any]] = []
+
+
+def _found(qs: QuerySet[RunWait, RunWait]) -> dict[uuid.UUID, _Found]:
+    found: dict[uuid.UUID, _Found] = {}
+    columns = ("run__depth", "run__parent_id", "run__parent_waits", "run__version")
+    for run_id, depth, parent, waits, version, *wait in qs.values_list(
+        "run_id", *columns, "event_type", "match", "after", "gaps"
+    ):
+        entry = found.setdefault(run_id, _Found(depth, parent, waits, version))
+        entry.waits.append((wait[0], wait[1], wait[2], wait[3]))
+    return found
 
 
 def wake_waiters(event: Event) -> None:
@@ -438,14 +474,23 @@ def wake_waiters(event: Event) -> None:
             # Find them without locking, then lock them by primary key, in the
             # lock order (their waiting parents first): a locking read through a
             # secondary index would lock every row it scans on MariaDB, and two
-            # appenders that wake different runs could deadlock.
-            ids = list(qs.values_list("id", flat=True))
-            if ids:
-                for run in lock_order.lock_runs(ids):
-                    if satisfies(run, event):
+            # appenders that wake different runs could deadlock. The look-up
+            # reads what the lock order needs and the runs' waits with them.
+            found = _found(qs)
+            if found:
+                placed = {run_id: entry.order for run_id, entry in found.items()}
+                for run in lock_order.lock_placed(placed):
+                    entry = found[run.id]
+                    # Read at the version the run still has: its waits as read.
+                    waits = (
+                        [_wait(run, *w) for w in entry.waits]
+                        if entry.version == run.version
+                        else None
+                    )
+                    if satisfies(run, event, waits):
                         _wake_inline(run, event)
         else:
-            for run_id in qs.values_list("id", flat=True):
+            for run_id in waiting_for(event):
                 mark_matched(run_id, event)
     if not _settles_a_wait_only(event) and not writers_serialized():
         # robust: the appender's commit succeeded; a failing check must not
@@ -529,19 +574,34 @@ def recheck_after_commit(run: WorkflowRun) -> None:
 
 def _recheck_run(run_id: uuid.UUID, version: int) -> None:
     """After a suspension committed: look back once more for its event (for
-    each of its branches' events)."""
-    run = WorkflowRun.objects.filter(pk=run_id, version=version).first()
-    if run is None:
-        return
-    if run.status == RunStatus.WAITING and run.branch_waits:
-        for wait in branch_waits(run):
-            found = wait.lookback()
-            if found is not None:
-                _deliver(run_id, found)
-                return
-        return
-    if run.status != RunStatus.WAITING_EVENT or run.matched_position is not None:
-        return
-    found = lookback(run)
-    if found is not None:
-        _deliver(run_id, found)
+    each of its branches' events). One statement reads the run's waits with
+    the columns of its row they need, at the version it suspended at (none:
+    it moved on, or it waits for no event)."""
+    rows = (
+        RunWait.objects.filter(run_id=run_id, run__version=version)
+        .order_by("id")
+        .values_list(
+            "run__status",
+            "run__branch_waits",
+            "run__matched_position",
+            "run__tenant_id",
+            "run__since_position",
+            "run__since_gaps",
+            "event_type",
+            "match",
+            "after",
+            "gaps",
+        )
+    )
+    for status, in_branches, matched, tenant, since, since_gaps, *wait in rows:
+        if status == RunStatus.WAITING_EVENT and matched is not None:
+            return  # its event is recorded: the resume loop takes it
+        if status != RunStatus.WAITING_EVENT and not (status == RunStatus.WAITING and in_branches):
+            return
+        event_type, match, after, own = wait
+        found = Wait(
+            event_type, tenant, match or {}, Cutoff.of(after, own, since, since_gaps)
+        ).lookback()
+        if found is not None:
+            _deliver(run_id, found)
+            return

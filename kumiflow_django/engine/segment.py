@@ -44,7 +44,7 @@ from kumiflow_django.projections.stream import Change, write
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.projections.tasks import opened as open_tasks
 from kumiflow_django.projections.waits import sync as sync_waits
-from kumiflow_django.projections.waits import waits_of
+from kumiflow_django.projections.waits import waits_events, waits_of
 from kumiflow_django.steps.control import (
     BranchesWait,
     ChildWait,
@@ -68,6 +68,10 @@ from kumiflow_django.store.wakeups import WorkKind, work_committed
 logger = get_logger("kumiflow_django.engine")
 
 
+#: The run events after which its ``RunWait`` rows are those the event names.
+_WAITS_SET_BY = frozenset({ev.STEP_WAITING_FOR_EVENT, ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED})
+
+
 class Segment:
     """The events of one run's segment and the rows they become."""
 
@@ -79,7 +83,7 @@ class Segment:
         self.dispatches: list[Change[Any]] = []
         self.tasks: list[Change[StepTask]] = []
         self.cancellations: list[Cancellation] = []
-        self.had_waits = run is not None and run.branch_waits > 0
+        self.had_waits = run is not None and waits_events(run)
         self.was_finished = run is not None and run.status in FINISHED
         #: Its end frees a slot of its key (a new run's: if it was admitted).
         self.held_slot = run is None or admission.holds_slot(run)
@@ -129,16 +133,19 @@ class Segment:
     def write(self) -> WorkflowRun:
         """Write the segment (events, run row, outbox, task and child rows) and
         announce its events; after commit, the loops learn of the new work."""
-        write([self.run, *self.dispatches, *self.tasks])
-        row = self.row
+        row = self.row  # folded already: what the write makes of it
         ended = row.status in FINISHED and not self.was_finished
         last = self.run.events[-1] if self.run.events else None
-        if not ended and last is not None and (self.had_waits or row.branch_waits):
-            if last.type in (ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED):
+        waits = waits_events(row)
+        if not ended and last is not None and (self.had_waits or waits):
+            # Before the write: its events are announced as it ends, and one of
+            # them (a task that fails at once) may be what the new wait awaits.
+            if last.type in _WAITS_SET_BY:
                 sync_waits(row.id, row.tenant_id, waits_of(last), had=self.had_waits)
-            elif not row.branch_waits:  # it no longer waits in branches
+            elif not waits:  # it no longer waits for an event
                 sync_waits(row.id, row.tenant_id, [], had=True)
             # else: still waiting there (an event matched, a child ended): as it was
+        write([self.run, *self.dispatches, *self.tasks])
         if self.cancellations:
             children.cancel(row, self.cancellations)
         if self.flow_entry is not None:

@@ -182,7 +182,12 @@ def lock_key(kind: str, scope: str, key: str) -> tuple[FlowKey, bool]:
     A new row means nothing of the key is active: every active run (or
     running attempt) has its key's row (the invariant, written in
     :func:`kumiflow_django.flow.gates.unkeyed`). So a new key admits without
-    counting: one statement for a per-run key."""
+    counting: one statement for a per-run key.
+
+    The loop is no retry of a failed statement (``store/db.retrying`` is for
+    those): both statements succeed, and the row may only have gone between
+    them (an idle key purged). It runs in the caller's transaction, where a
+    lost lock conflict could not be run again anyway."""
     for _ in range(5):
         now = clock.now()
         values = {"kind": kind, "scope": scope, "key": key, "held": 0, "created_at": now}
@@ -196,7 +201,10 @@ def lock_key(kind: str, scope: str, key: str) -> tuple[FlowKey, bool]:
 
 
 def lock_bucket(scope: str, key: str, window: datetime) -> RateBucket:
-    """The key's bucket, locked until the transaction ends (created if missing)."""
+    """The key's bucket, locked until the transaction ends (created if missing).
+
+    As in :func:`lock_key`, the loop only inserts again a row that went
+    between the insert and the lock: no error is retried."""
     for _ in range(5):
         fresh = {
             "scope": scope,

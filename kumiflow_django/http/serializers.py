@@ -16,6 +16,7 @@ from typing import Any
 from kumiflow_django.http.errors import bad_request
 from kumiflow_django.models import WorkflowRun
 from kumiflow_django.projections.waiting_for import waiting_for
+from kumiflow_django.projections.waits import RunWait, own_wait
 
 #: The run list reads only these columns (the state and the trail can be large).
 SUMMARY_FIELDS = (
@@ -79,6 +80,7 @@ def run_summary(run: WorkflowRun) -> dict[str, Any]:
 def run_detail(run: WorkflowRun) -> dict[str, Any]:
     state = run.state if isinstance(run.state, dict) else {}
     error = None
+    wait = own_wait(run)
     if run.reason or run.last_error:
         error = {"reason": run.reason or None, "message": run.last_error}
     return {
@@ -86,8 +88,8 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
         "cursor": run.cursor,
         "attempt": run.attempt,
         "wake_at": timestamp(run.wake_at),
-        "awaiting": {"event_type": run.awaited_event_type} if run.awaited_event_type else None,
-        "waiting_for": _waiting_for(run),
+        "awaiting": {"event_type": wait.event_type} if wait is not None else None,
+        "waiting_for": _waiting_for(run, wait),
         "input": run.input,
         "result": run.result,
         "steps": {"results": state.get("steps") or {}, "trail": list(run.trail or [])},
@@ -95,9 +97,9 @@ def run_detail(run: WorkflowRun) -> dict[str, Any]:
     }
 
 
-def _waiting_for(run: WorkflowRun) -> dict[str, Any] | None:
+def _waiting_for(run: WorkflowRun, wait: RunWait | None) -> dict[str, Any] | None:
     """The console's "waiting for task charge", as data (docs/concepts.md)."""
-    awaited = waiting_for(run)
+    awaited = waiting_for(run, wait)
     return None if awaited is None else dict(awaited)
 
 

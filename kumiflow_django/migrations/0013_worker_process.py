@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("kumiflow", "0011_event_stream_per_tenant")]
+    dependencies = [("kumiflow", "0012_run_waits_one_way")]
 
     operations = [
         migrations.CreateModel(

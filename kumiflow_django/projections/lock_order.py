@@ -11,7 +11,8 @@ whose outcome may wake (and end) its run is locked here too, after its run.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import NamedTuple
 
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.projections.runs import WorkflowRun
@@ -38,10 +39,30 @@ def lock_runs(
         qs = qs.filter(tenant_id=tenant)
     # parent_id, parent_waits and depth are written once, by run-started: read
     # without a lock, they cannot change before the lock is taken.
+    placed = {
+        pk: Placed(depth, parent, waits)
+        for pk, depth, parent, waits in qs.values_list("pk", "depth", "parent_id", "parent_waits")
+    }
+    return lock_placed(placed, skip_locked=skip_locked)
+
+
+class Placed(NamedTuple):
+    """Where a run is in the lock order: written once, by its ``run-started``."""
+
+    depth: int
+    parent_id: uuid.UUID | None
+    parent_waits: bool
+
+
+def lock_placed(
+    placed: Mapping[uuid.UUID, Placed], *, skip_locked: bool = False
+) -> list[WorkflowRun]:
+    """Lock the runs of ``placed``, read already where they are in the lock
+    order (a look-up that found them read it too: the wake-up by an event),
+    as :func:`lock_runs` does."""
     levels: dict[int, set[uuid.UUID]] = {}
-    wanted: set[uuid.UUID] = set()
-    for pk, depth, parent, waits in qs.values_list("pk", "depth", "parent_id", "parent_waits"):
-        wanted.add(pk)
+    wanted = set(placed)
+    for pk, (depth, parent, waits) in placed.items():
         levels.setdefault(depth, set()).add(pk)
         if waits and parent is not None:
             levels.setdefault(depth - 1, set()).add(parent)

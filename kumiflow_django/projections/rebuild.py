@@ -53,17 +53,19 @@ def _replay[M: models.Model](kind: Stream[M], types: Iterable[str]) -> int:
 
 
 def _rebuild_waits() -> int:
-    """The events the branches of waiting runs await, from each run's last
-    suspension in branches (or the retry that restored one)."""
+    """The events waiting runs await (their own wait or their branches'), from
+    each run's last suspension for events (or the retry that restored one)."""
     waits.RunWait.objects.all().delete()
     count = 0
-    waiting = runs.WorkflowRun.objects.filter(branch_waits__gt=0)
+    waiting = runs.WorkflowRun.objects.filter(
+        models.Q(status=runs.RunStatus.WAITING_EVENT) | models.Q(branch_waits__gt=0)
+    )
     for run_id, tenant, version in waiting.values_list("id", "tenant_id", "version"):
         last = (
             Event.objects.filter(
                 tenant_id=tenant,
                 stream_id=str(run_id),
-                type__in=[ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED],
+                type__in=[ev.STEP_WAITING_FOR_EVENT, ev.STEP_WAITING_BRANCHES, ev.RUN_RETRIED],
                 version__lte=version,
             )
             .order_by("-version")
@@ -115,7 +117,7 @@ def rebuild_all() -> dict[str, int]:
         for name, stream, types in streams:
             stream.model._default_manager.all().delete()
             counts[name] = _replay(stream, types)
-        counts["branch waits"] = _rebuild_waits()
+        counts["waits"] = _rebuild_waits()
         counts["search attributes"] = _rebuild_attributes()
         counts["queued runs checked again"] = _recheck_queued()
         for projection in projections.values():

@@ -72,14 +72,6 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
         """
         return self.filter(wake_at__lte=now)
 
-    def awaiting(self, tenant: str, event_type: str, keys: list[str]) -> WorkflowRunQuerySet:
-        return self.filter(
-            tenant_id=tenant,
-            awaited_event_type=event_type,
-            correlation_key__in=keys,
-            status=RunStatus.WAITING_EVENT,
-        )
-
     def finished(self) -> WorkflowRunQuerySet:
         return self.filter(status__in=FINISHED)
 
@@ -116,20 +108,16 @@ class WorkflowRun(models.Model):
     state = models.JSONField(_("state"), default=dict)
     trail = models.JSONField(_("steps run"), default=list)
     wake_at = models.DateTimeField(_("wake at"), null=True, blank=True)
-    awaited_event_type = models.CharField(
-        _("awaited event"), max_length=limits.EVENT_TYPE, blank=True
-    )
-    correlation_key = models.CharField(_("correlation key"), max_length=64, blank=True)
-    awaited_match = models.JSONField(_("awaited match"), null=True, blank=True)
+    # What the run waits for is in its ``RunWait`` rows (projections.waits),
+    # whether it waits in one place or in its branches.
     since_position = models.BigIntegerField(_("started at position"), default=0)
     # Positions at or below ``since_position`` that were not visible when the
     # run started (transactions still open then): their events, once
     # committed, count as "after the start" too. See matching.gaps_below().
     since_gaps = models.JSONField(_("positions in flight at the start"), null=True, blank=True)
-    awaited_after = models.BigIntegerField(_("awaits events after"), null=True, blank=True)
-    # Positions at or below ``awaited_after`` whose events the wait had not
-    # seen (in flight when an earlier wait of the run took a later event).
-    awaited_gaps = models.JSONField(_("awaited gaps"), null=True, blank=True)
+    # Not the wait but where the run resumes: the event that satisfied its
+    # wait, recorded for the resume loop (``event-matched``) or by a refused
+    # segment, until the run resumes.
     matched_position = models.BigIntegerField(_("matched event"), null=True, blank=True)
     attempt = models.PositiveIntegerField(_("attempt"), default=1)
     last_error = models.TextField(_("last error"), blank=True)
@@ -210,12 +198,6 @@ class WorkflowRun(models.Model):
             # "Due now": finished runs have no wake time, so they are not in
             # the index range the resume loop reads.
             models.Index(fields=["wake_at"], name="kumiflow_run_due_idx"),
-            # Runs waiting for an event like this one (and the admin's search
-            # by correlation value, hence the key first).
-            models.Index(
-                fields=["correlation_key", "awaited_event_type", "tenant_id"],
-                name="kumiflow_run_awaiting_idx",
-            ),
             models.Index(fields=["-started_at"], name="kumiflow_run_started_idx"),
             models.Index(fields=["workflow", "status"], name="kumiflow_run_workflow_idx"),
             models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
@@ -298,11 +280,6 @@ def _clear_wait(run: WorkflowRun) -> None:
     run.wake_at = None
     run.branch_waits = 0
     run.child_waits = 0
-    run.awaited_event_type = ""
-    run.correlation_key = ""
-    run.awaited_match = None
-    run.awaited_after = None
-    run.awaited_gaps = None
     run.matched_position = None
 
 
@@ -395,12 +372,7 @@ def _waiting_for_event(run: WorkflowRun, event: Event) -> None:
     p: pl.StepWaitingForEvent = event.payload
     _suspended(run, p)
     run.status = RunStatus.WAITING_EVENT
-    run.wake_at = _instant(p.get("timeout_at"))
-    run.awaited_event_type = p["event_type"]
-    run.correlation_key = p["correlation_key"]
-    run.awaited_match = p["match"]
-    run.awaited_after = p["after"]
-    run.awaited_gaps = p.get("gaps")
+    run.wake_at = _instant(p.get("timeout_at"))  # the wait: its RunWait row
 
 
 def _retry_scheduled(run: WorkflowRun, event: Event) -> None:
@@ -546,13 +518,7 @@ def _retried(run: WorkflowRun, event: Event) -> None:
     run.cursor = restore["cursor"]
     run.state = restore["state"]
     run.attempt = restore.get("attempt", 1)
-    awaited = restore.get("awaited")
-    if awaited:
-        run.awaited_event_type = awaited["event_type"]
-        run.awaited_match = awaited["match"]
-        run.correlation_key = awaited["correlation_key"]
-        run.awaited_after = awaited["after"]
-        run.awaited_gaps = awaited.get("gaps")
+    # Its restored waits (``awaited``, ``waits``) are its RunWait rows.
     run.matched_position = restore.get("matched_position")
     if "fingerprint" in p:
         run.fingerprint = p["fingerprint"]

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypedDict
 
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
+from kumiflow_django.projections.waits import RunWait, own_wait
 from kumiflow_django.store import names as ev
 
 Kind = Literal["task", "delivery", "event"]
@@ -52,26 +53,38 @@ def _step_name(run: WorkflowRun) -> str | None:
     return None
 
 
-def waiting_for(run: WorkflowRun) -> WaitingFor | None:
-    """What the run waits for, or None when it does not wait for an event."""
-    if run.status != RunStatus.WAITING_EVENT or not run.awaited_event_type:
+_UNREAD: Any = object()
+
+
+def waiting_for(run: WorkflowRun, wait: RunWait | None = _UNREAD) -> WaitingFor | None:
+    """What the run waits for, or None when it does not wait for an event.
+    ``wait``: the run's own wait when the caller has read it already (a list
+    page reads them in one query, :func:`own_waits`)."""
+    if run.status != RunStatus.WAITING_EVENT:
         return None
+    if wait is _UNREAD:
+        wait = getattr(run, "own_wait", _UNREAD)
+        if wait is _UNREAD:
+            wait = own_wait(run)
+    if wait is None or not wait.event_type:
+        return None
+    event_type = wait.event_type
     path = run.cursor_text
     name = _step_name(run)
-    match: Any = run.awaited_match if isinstance(run.awaited_match, dict) else {}
+    match: Any = wait.match if isinstance(wait.match, dict) else {}
     stream = match.get("stream_id")
     kind: Kind
-    if run.awaited_event_type == ev.TASK_SETTLED:
+    if event_type == ev.TASK_SETTLED:
         kind, what = "task", f"task {name or path}"
-    elif run.awaited_event_type == ev.SETTLED:
+    elif event_type == ev.SETTLED:
         kind, what = "delivery", f"delivery {name}" if name else f"the delivery of step {path}"
     else:
-        kind, what, stream = "event", f"event {run.awaited_event_type}", None
+        kind, what, stream = "event", f"event {event_type}", None
     return {
         "kind": kind,
         "path": path,
         "step": name,
-        "event_type": run.awaited_event_type,
+        "event_type": event_type,
         "id": str(stream) if stream is not None else None,
         "text": f"waiting for {what}",
     }

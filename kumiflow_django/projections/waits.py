@@ -1,12 +1,14 @@
-"""Branch waits: the events the branches of a run's parallel step await.
+"""Waits: the events a waiting run awaits, one ``RunWait`` row each.
 
-A run that waits in one place keeps its awaited event on its own row (one
-indexed correlation key). A run whose branches wait for several events at
-once has one ``RunWait`` row per awaited event, with the same correlation
-key, so that an appended event finds the run through an index. The rows are
-a projection of the run's last ``step.waiting-branches`` event: written with
-the segment that suspends the run, removed with the one that resumes it
-(:func:`sync`), rebuilt from the log by ``kumiflow_rebuild``.
+Every wait is stored here, one way: a run suspended in ``wait_for_event``
+has one row (its branch is :data:`ROOT`, the empty path), a run whose
+parallel branches wait for several events has one row per awaited event.
+Each row carries the correlation key of its match, so that an appended event
+finds its waiting runs through one index. The rows are a projection of the
+run's last suspension (``step.waiting-for-event``, ``step.waiting-branches``,
+or the ``run-retried`` that restored one): written with the segment that
+suspends the run, removed with the one that resumes or ends it (:func:`sync`),
+rebuilt from the log by ``kumiflow_rebuild``.
 """
 
 from __future__ import annotations
@@ -18,35 +20,62 @@ from typing import Any, ClassVar
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.store import limits
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import EngineManager, Event
 
+#: The branch of a run's own (top-level) wait: the path of no branch.
+ROOT = ""
+
 
 class RunWait(models.Model):
-    run_id = models.UUIDField(_("run"))
+    # A relation for the join of the wake-up's look-up (the waiting run's
+    # version and lock-order columns in the same statement), not a constraint:
+    # the rows are a projection, deleted and rebuilt beside the runs.
+    run = models.ForeignKey(
+        WorkflowRun,
+        verbose_name=_("run"),
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
     tenant_id = models.CharField(_("tenant"), max_length=limits.TENANT)
     branch = models.CharField(_("branch"), max_length=limits.STEP_PATH)
     event_type = models.CharField(_("awaited event type"), max_length=limits.EVENT_TYPE)
     correlation_key = models.CharField(_("correlation key"), max_length=64)
     match = models.JSONField(_("awaited match"), default=dict)
     after = models.BigIntegerField(_("awaits events after"))
-    # Positions at or below ``after`` that count as after it (see
-    # WorkflowRun.awaited_gaps); null: the run's start gaps apply.
+    # Positions at or below ``after`` whose events the wait had not seen (in
+    # flight when an earlier wait of the run took a later event): they count
+    # as after it; null: the run's start gaps apply.
     gaps = models.JSONField(_("awaited gaps"), null=True, blank=True)
 
     objects: ClassVar[EngineManager[RunWait]] = EngineManager()  # type: ignore[assignment]
 
     class Meta:
-        verbose_name = _("branch wait")
-        verbose_name_plural = _("branch waits")
+        verbose_name = _("wait")
+        verbose_name_plural = _("waits")
         indexes = [
-            models.Index(fields=["event_type", "correlation_key"], name="kumiflow_wait_key_idx"),
-            models.Index(fields=["run_id"], name="kumiflow_wait_run_idx"),
+            # Waits for an event like this one (and the admin's search by
+            # correlation value, hence the key first).
+            models.Index(
+                fields=["correlation_key", "event_type", "tenant_id"],
+                name="kumiflow_wait_awaiting_idx",
+            ),
+            models.Index(fields=["run"], name="kumiflow_wait_run_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"run {self.run_id} branch {self.branch} awaits {self.event_type}"
+        where = f"branch {self.branch}" if self.branch else "its own step"
+        return f"run {self.run_id} ({where}) awaits {self.event_type}"
+
+
+def waits_events(run: WorkflowRun) -> bool:
+    """Whether the run has ``RunWait`` rows: it waits for an event (its own
+    wait, or its branches')."""
+    return run.status == RunStatus.WAITING_EVENT or run.branch_waits > 0
 
 
 Key = tuple[str, str, str, str]
@@ -61,10 +90,25 @@ def _key(data: Any) -> Key:
     )
 
 
+def _own(awaited: Any) -> dict[str, Any]:
+    """The run's own wait (a ``step.waiting-for-event`` or a restored one) as a row."""
+    row = {k: awaited[k] for k in ("event_type", "correlation_key", "match", "after")}
+    if awaited.get("gaps") is not None:
+        row["gaps"] = awaited["gaps"]
+    return {"branch": ROOT, **row}
+
+
 def waits_of(event: Event) -> list[dict[str, Any]]:
-    """The branch waits a run event leaves (only a branches suspension has any)."""
+    """The waits a run event leaves: those of a suspension, or of the
+    suspension a retry restores; none for any other event."""
     if event.type == ev.RUN_RETRIED:
-        return list(event.payload["restore"].get("waits") or [])
+        restore = event.payload["restore"]
+        found = list(restore.get("waits") or [])
+        if restore.get("awaited") and restore.get("status") == RunStatus.WAITING_EVENT:
+            found.append(_own(restore["awaited"]))
+        return found
+    if event.type == ev.STEP_WAITING_FOR_EVENT:
+        return [_own(event.payload)]
     if event.type != ev.STEP_WAITING_BRANCHES:
         return []
     return list(event.payload.get("waits") or [])
@@ -73,8 +117,15 @@ def waits_of(event: Event) -> list[dict[str, Any]]:
 def sync(run_id: uuid.UUID, tenant: str, waits: Iterable[dict[str, Any]], *, had: bool) -> None:
     """Make the run's rows the given waits (``had``: the run may have rows now)."""
     wanted = {_key(w): w for w in waits}
+    if not wanted:  # the run waits no more (resumed, ended): one statement
+        if had:
+            RunWait.objects.filter(run_id=run_id).delete()
+        return
     existing: dict[Key, int] = {}
-    if had:
+    if had and all(key[0] == ROOT for key in wanted):
+        # Its own wait after another (sequential waits): replaced, two statements.
+        RunWait.objects.filter(run_id=run_id).delete()
+    elif had:
         for row in RunWait.objects.filter(run_id=run_id).values(
             "id", "branch", "event_type", "correlation_key", "after", "gaps"
         ):
@@ -98,3 +149,18 @@ def sync(run_id: uuid.UUID, tenant: str, waits: Iterable[dict[str, Any]], *, had
     ]
     if new:
         RunWait.objects.bulk_create(new)
+
+
+def own_waits(runs: Iterable[WorkflowRun]) -> dict[uuid.UUID, RunWait]:
+    """The waits of those of ``runs`` suspended in ``wait_for_event`` (their
+    row of the root branch), by run, in one query (none if no run waits so)."""
+    ids = [run.id for run in runs if run.status == RunStatus.WAITING_EVENT]
+    if not ids:
+        return {}
+    rows = RunWait.objects.filter(run_id__in=ids, branch=ROOT).order_by("id")
+    return {row.run_id: row for row in rows}
+
+
+def own_wait(run: WorkflowRun) -> RunWait | None:
+    """The wait of a run suspended in ``wait_for_event``, or None."""
+    return own_waits([run]).get(run.id)

@@ -125,6 +125,16 @@ def in_transaction() -> bool:
     return bool(connection().in_atomic_block)
 
 
+def transaction_broken() -> bool:
+    """Whether the caller's transaction can run no more statements: a
+    savepoint could not be rolled back (the database ended the transaction
+    itself, as MariaDB does on a deadlock), so Django marked it for rollback.
+    Only the outermost block's end can help; a query now would raise
+    ``TransactionManagementError`` and hide what broke it."""
+    conn = connection()
+    return bool(conn.in_atomic_block and conn.needs_rollback)
+
+
 def for_update[M: Model](qs: QuerySet[M, M], *, skip_locked: bool = False) -> QuerySet[M, M]:
     """``qs`` locking its rows where the database can (skipping locked ones if asked)."""
     features = connections[qs.db].features

@@ -245,6 +245,12 @@ def append_events(
             f"{checked[0].type!r} is not: are the arguments swapped? "
             "The call is append_event(stream_id, type, payload)."
         )
+    # Not ``store/db.retrying``, on purpose (docs/architecture.md, "One
+    # mechanism each"): a version clash is a unique violation inside the
+    # append's own savepoint, which rolls back cleanly, so the append runs
+    # again also inside the caller's transaction (where ``retrying`` must give
+    # up: a lost lock conflict aborts the whole transaction); and with an
+    # ``expected_version`` it is the caller's VersionConflict, never retried.
     for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
         try:
             return _append_once(

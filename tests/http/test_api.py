@@ -13,6 +13,7 @@ from kumiflow_django import define_workflow, on_event, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.http.models import ApiToken
 from kumiflow_django.models import Event, RunStatus, WorkflowRun
+from kumiflow_django.projections.waits import RunWait
 from tests.http.conftest import API
 
 pytestmark = pytest.mark.django_db
@@ -537,6 +538,6 @@ def test_a_run_waiting_for_its_task_says_so_in_the_console_s_words(api, registry
         "step": "charge",
         "path": "0",
         "event_type": "kumiflow.task.settled",
-        "id": (run.awaited_match or {})["stream_id"],
+        "id": RunWait.objects.get(run_id=run.id, branch="").match["stream_id"],
         "text": "waiting for task charge",
     }
