@@ -325,3 +325,45 @@ def test_a_cancelled_run_restarts_at_the_step_it_waited_at(registry, clock):
     assert [c.path for c in restart_plan(old.id).choices] == ["0", "1"]
     new = restart_run(old.id, from_step="1")
     assert (new.status, new.state["steps"]) == (RunStatus.WAITING_EVENT, {"order": "A-1"})
+
+
+def test_two_long_keys_that_share_a_prefix_restart_as_two_runs(registry, clock):
+    """A key at the column's limit is shortened to fit ``#restart-<n>``; two keys
+    that differ only in their last characters must not shorten to one key (the
+    second restart would be swallowed by the first one's run)."""
+    from kumiflow_django.engine.starting import MAX_KEY_LENGTH
+
+    define_workflow("once", steps=[s.return_(lambda ctx: ctx.event.payload["n"])])
+    stem = "order-" + "x" * (MAX_KEY_LENGTH - 8)
+    a = start_workflow("once", payload={"n": 1}, idempotency_key=stem + "-a")
+    b = start_workflow("once", payload={"n": 2}, idempotency_key=stem + "-b")
+    assert len(a.idempotency_key or "") == MAX_KEY_LENGTH
+
+    from_a = restart_run(a.id, from_step="0")
+    from_b = restart_run(b.id, from_step="0")
+
+    assert from_b.id != from_a.id
+    assert from_b.result == 2
+    assert len(from_b.idempotency_key or "") <= MAX_KEY_LENGTH
+    assert from_a.idempotency_key != from_b.idempotency_key
+    assert restart_plan(b.id, "0").idempotency_key not in (
+        from_a.idempotency_key,
+        from_b.idempotency_key,
+    )
+
+
+def test_a_key_taken_by_a_start_of_its_own_is_not_the_restart(registry, clock):
+    """A run started with the key a restart would derive (``k#restart-1``) is not
+    the restart: the restart is a new run with the next free key, and the old
+    run's ``run-restarted`` names that run."""
+    define_workflow("once", steps=[s.return_(lambda ctx: ctx.event.payload["n"])])
+    old = start_workflow("once", payload={"n": 1}, idempotency_key="k")
+    squatter = start_workflow("once", payload={"n": 99}, idempotency_key="k#restart-1")
+
+    assert restart_plan(old.id, "0").idempotency_key == "k#restart-2"
+    new = restart_run(old.id, from_step="0")
+
+    assert new.id != squatter.id
+    assert (new.idempotency_key, new.result) == ("k#restart-2", 1)
+    marker = Event.objects.get(stream_id=str(old.id), type="kumiflow.workflow.run-restarted").payload
+    assert marker["run"] == str(new.id)

@@ -36,6 +36,7 @@ completed steps were undone) restarts only from its first step.
 from __future__ import annotations
 
 import copy
+import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,7 @@ from kumiflow_django.definition.context import STATE_KEYS, Trigger, TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import COMPENSATE, Step, path_text, walk
 from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine.opening import keyed_run
 from kumiflow_django.engine.run_start import RestartFrom
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.engine.starting import MAX_KEY_LENGTH, start_run
@@ -59,6 +61,7 @@ from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.errors import (
     InvalidEvent,
     InvalidRunState,
+    OperationConflict,
     Refusal,
     RunNotFound,
     UnknownWorkflow,
@@ -323,10 +326,27 @@ def _choices(run: WorkflowRun, workflow: Workflow, history: _History) -> list[Pl
 
 
 def _key(run: WorkflowRun, n: int) -> str | None:
+    """``<key>#restart-<n>``, the first such key no run of the workflow has.
+
+    A key too long for the column with the suffix is shortened, and a digest of
+    the whole key is kept in it: two keys sharing their first characters must
+    not shorten to one key (the second restart would get the first's run). A
+    key taken already (a start of its own used it) is skipped, not taken over.
+    """
     if run.idempotency_key is None:
         return None
-    suffix = f"#restart-{n}"
-    return run.idempotency_key[: MAX_KEY_LENGTH - len(suffix)] + suffix
+    key = run.idempotency_key
+    n = max(n, 1)
+    while True:
+        suffix = f"#restart-{n}"
+        if len(key) + len(suffix) <= MAX_KEY_LENGTH:
+            candidate = key + suffix
+        else:
+            digest = "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
+            candidate = key[: MAX_KEY_LENGTH - len(suffix) - len(digest)] + digest + suffix
+        if keyed_run(run.tenant_id, run.workflow, candidate) is None:
+            return candidate
+        n += 1
 
 
 def _carried_state(
@@ -645,6 +665,13 @@ def restart_run(
             ),
             run_id=new_id,
         )
+        if new.id != new_id:
+            # A start of its own took the key between the plan and the start:
+            # its run is not this restart (nothing is kept: the marker rolls back).
+            raise OperationConflict(
+                f"run {old.id}: the restart's key {plan.idempotency_key!r} was taken by run "
+                f"{new.id} meanwhile: try again"
+            )
     logger.info(
         "run %s restarted from step %s as run %s by %s (%s)",
         old.id,
