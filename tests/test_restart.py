@@ -367,3 +367,31 @@ def test_a_key_taken_by_a_start_of_its_own_is_not_the_restart(registry, clock):
     assert (new.idempotency_key, new.result) == ("k#restart-2", 1)
     marker = Event.objects.get(stream_id=str(old.id), type="kumiflow.workflow.run-restarted").payload
     assert marker["run"] == str(new.id)
+
+
+def test_a_restarted_run_restarted_again_keeps_what_the_first_restart_carried(registry, clock):
+    """Run 1 computes ``a``, waits, then fails at ``b``; restarted at the wait
+    (run 2 carries ``a``), it fails at ``b`` again; restarted at the wait again
+    (run 3), it still has ``a``: the results carried into run 2 are its own."""
+    calls, broken = {"a": 0, "b": 0}, {"yes": True}
+    _flaky(calls, broken)
+    first = start_workflow("flaky", payload={"order": 7})
+    clock.advance(hours=2)
+    run_until_idle()
+    second = restart_run(first.id, from_step="1", reason="partner fixed?")
+    clock.advance(hours=2)
+    run_until_idle()
+    second.refresh_from_db()
+    assert second.status == RunStatus.FAILED
+
+    plan = restart_plan(second.id, "1")
+    assert plan.refusal is None, plan.refusal
+    assert plan.carried == ["a"]
+    broken["yes"] = False
+    third = restart_run(second.id, from_step="1", reason="partner fixed")
+    clock.advance(hours=2)
+    run_until_idle()
+    third.refresh_from_db()
+    assert (third.status, third.result) == (RunStatus.COMPLETED, 21)
+    assert calls["a"] == 1  # never ran again
+    assert third.idempotency_key is None

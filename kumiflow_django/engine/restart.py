@@ -246,6 +246,9 @@ class _History:
     #: The step a failed segment began at, or a cancelled run waited at.
     failed_at: str | None
     restarts: int
+    #: The results a restart carried into this run (their steps ran in the run
+    #: it restarted, not in this one's segments).
+    inherited: list[str] = field(default_factory=list)
 
 
 def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
@@ -254,6 +257,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
     results: dict[str, Any] = {}
     failed_at: str | None = None
     restarts = 0
+    inherited: list[str] = []
     segment_began: list[Any] | None = None
     for event in events:
         p = event.payload if isinstance(event.payload, dict) else {}
@@ -262,6 +266,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             if restart:
                 state = copy.deepcopy(restart["state"])
                 results = dict(state.get("steps") or {})
+                inherited = list(results)
                 segment_began = restart.get("cursor")
         elif event.type == ev.RUN_RESTARTED:
             restarts += 1
@@ -284,7 +289,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             # the state there is committed, the step can run anew.
             began = segment_began if segment_began else [0]
             failed_at = path_text(began) if began and began[0] != "$compensate" else None
-    return _History(list(committed), state, results, failed_at, restarts)
+    return _History(list(committed), state, results, failed_at, restarts, inherited)
 
 
 def _not_kept(value: Any) -> bool:
@@ -358,6 +363,11 @@ def _carried_state(
         return new_state(), [], []
     names: dict[str, None] = {}
     later: set[str] = set()
+    if history.inherited:  # carried into a restarted run: before its steps, by name
+        wanted = set(history.inherited)
+        for q, step in walk(workflow.steps):
+            if step.name in wanted and COMPENSATE not in q and _before(list(q), cursor):
+                names[step.name] = None
     for text in history.committed:
         try:
             q = parse_path(text)
