@@ -395,3 +395,28 @@ def test_a_restarted_run_restarted_again_keeps_what_the_first_restart_carried(re
     assert (third.status, third.result) == (RunStatus.COMPLETED, 21)
     assert calls["a"] == 1  # never ran again
     assert third.idempotency_key is None
+
+
+def test_a_run_whose_trigger_event_was_erased_is_refused_by_the_pre_flight_too(registry, clock):
+    """The trigger is read again by a restart: erased (personal data), the run
+    cannot restart, and the pre-flight (which the console's button asks) says
+    so, rather than offering a restart that then fails."""
+    from kumiflow_django import append_event, erase_stream, on_event
+
+    def boom(ctx):
+        raise RuntimeError("down")
+
+    define_workflow("onboard", trigger=on_event("person.joined"), steps=[s.compute("x", boom)])
+    append_event("person-1", "person.joined", {"name": "Ann"})
+    run_until_idle()
+    from kumiflow_django.models import WorkflowRun
+
+    old = WorkflowRun.objects.get(workflow="onboard")
+    assert old.status == RunStatus.FAILED and old.trigger_position is not None
+    assert restart_plan(old.id, "0").refusal is None
+    erase_stream("person-1")
+
+    assert "no longer in the log" in (restart_plan(old.id, "0").refusal or "")
+    assert "no longer in the log" in (refuse_restart(old, "0") or "")
+    with pytest.raises(InvalidRunState, match="no longer in the log"):
+        restart_run(old.id, from_step="0")

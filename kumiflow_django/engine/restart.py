@@ -499,6 +499,8 @@ def _plan(run: WorkflowRun, from_step: str, definition: str, history: _History) 
         return _refused(
             plan, f"the run is {run.status}: only failed, cancelled or completed runs are restarted"
         )
+    if run.trigger_position is not None and _trigger_event(run) is None:
+        return _refused(plan, _trigger_gone(run))
     try:
         cursor = parse_path(from_step)
         workflow.step_at(cursor)
@@ -596,15 +598,23 @@ def refuse_restart(
     return _plan(run, str(from_step), definition, _history(run, _events(run))).refusal
 
 
+def _trigger_event(run: WorkflowRun) -> Event | None:
+    return Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
+
+
+def _trigger_gone(run: WorkflowRun) -> str:
+    return (
+        f"its trigger event at position {run.trigger_position} is no longer in the log "
+        "(erased): it cannot be restarted"
+    )
+
+
 def _trigger(run: WorkflowRun) -> Trigger:
     if run.trigger_position is None:
         return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
-    event = Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
-    if event is None:
-        raise InvalidRunState(
-            f"run {run.id}: its trigger event at position {run.trigger_position} is no longer "
-            "in the log: it cannot be restarted"
-        )
+    event = _trigger_event(run)
+    if event is None:  # erased since the plan was read (the plan refuses it too)
+        raise InvalidRunState(f"run {run.id}: {_trigger_gone(run)}")
     return event
 
 
