@@ -365,7 +365,8 @@ def test_a_key_taken_by_a_start_of_its_own_is_not_the_restart(registry, clock):
 
     assert new.id != squatter.id
     assert (new.idempotency_key, new.result) == ("k#restart-2", 1)
-    marker = Event.objects.get(stream_id=str(old.id), type="kumiflow.workflow.run-restarted").payload
+    restarted = "kumiflow.workflow.run-restarted"
+    marker = Event.objects.get(stream_id=str(old.id), type=restarted).payload
     assert marker["run"] == str(new.id)
 
 

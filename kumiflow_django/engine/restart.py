@@ -476,7 +476,21 @@ def _repeats(workflow: Workflow, again: list[PlanStep]) -> list[Repeat]:
     return found
 
 
+#: The longest step path a restart reads (the HTTP API's ``maxLength``); a
+#: longer one is refused without being echoed back.
+MAX_PATH_LENGTH = 200
+
+
 def _plan(run: WorkflowRun, from_step: str, definition: str, history: _History) -> RestartPlan:
+    if len(from_step) > MAX_PATH_LENGTH or len(str(definition)) > MAX_PATH_LENGTH:
+        return RestartPlan(
+            str(run.id),
+            run.workflow,
+            from_step[:MAX_PATH_LENGTH],
+            str(definition)[:MAX_PATH_LENGTH],
+            [],
+            refusal=f"a step path or a definition is at most {MAX_PATH_LENGTH} characters",
+        )
     workflow = _definition(run, definition)
     empty = RestartPlan(str(run.id), run.workflow, str(from_step), str(definition), [])
     if isinstance(workflow, Refusal):

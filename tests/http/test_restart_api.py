@@ -134,3 +134,37 @@ def test_a_waiting_run_is_not_restarted(api, registry, clock):
     response = api.post_json(f"{API}runs/{run.id}/restart/", {"from_step": "0"})
     assert response.status_code == 409
     assert WorkflowRun.objects.count() == 1
+
+
+def test_a_key_taken_between_the_plan_and_the_start_is_a_409(api, registry, monkeypatch):
+    """The restart's key is chosen free, then a start of its own takes it
+    before the restart's start (simulated: the choice did not see it): the
+    restart is a conflict (409), nothing of it is kept, never the other run."""
+    from kumiflow_django.engine import restart as restart_module
+
+    define_workflow("once", steps=[s.return_(lambda ctx: ctx.event.payload["n"])])
+    old = start_workflow("once", payload={"n": 1}, idempotency_key="k")
+    squatter = start_workflow("once", payload={"n": 2}, idempotency_key="k#restart-1")
+    monkeypatch.setattr(restart_module, "keyed_run", lambda *args: None)
+    before = Event.objects.count()
+
+    response = api.post_json(f"{API}runs/{old.id}/restart/", {"from_step": "0"})
+
+    assert response.status_code == 409, response.content
+    assert "was taken by run" in response.json()["error"]["message"]
+    assert Event.objects.count() == before
+    assert set(WorkflowRun.objects.values_list("id", flat=True)) == {old.id, squatter.id}
+
+
+def test_a_10000_character_step_path_is_refused_without_being_echoed(api, failed):
+    from kumiflow_django import restart_plan
+
+    plan = restart_plan(failed.id, "0." + "a.0." * 2500)
+    assert "at most 200 characters" in (plan.refusal or "")
+    assert len(str(plan.as_dict())) < 4000
+    hostile = "0." + "a.0." * 2500
+    response = api.get(f"{API}runs/{failed.id}/restart/", {"from_step": hostile})
+    assert response.status_code == 400, response.content  # the query is checked first
+    assert len(response.content) < 4000
+    definition = api.get(f"{API}runs/{failed.id}/restart/", {"definition": "d" * 10_000})
+    assert len(definition.content) < 4000
