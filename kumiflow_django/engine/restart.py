@@ -365,9 +365,9 @@ def _carried_state(
     later: set[str] = set()
     if history.inherited:  # carried into a restarted run: before its steps, by name
         wanted = set(history.inherited)
-        for q, step in walk(workflow.steps):
-            if step.name in wanted and COMPENSATE not in q and _before(list(q), cursor):
-                names[step.name] = None
+        for at, named in walk(workflow.steps):
+            if named.name in wanted and COMPENSATE not in at and _before(list(at), cursor):
+                names[named.name] = None
     for text in history.committed:
         try:
             q = parse_path(text)
@@ -613,6 +613,8 @@ def refuse_restart(
 
 
 def _trigger_event(run: WorkflowRun) -> Event | None:
+    if run.trigger_position is None:
+        return None
     return Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
 
 
