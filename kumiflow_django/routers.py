@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.db import DatabaseError, InterfaceError
+from django.db import DatabaseError, InterfaceError, connections
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, ResolverMatch, resolve
 
@@ -160,7 +160,10 @@ class ReplicaReadsMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        served = staleness() if replica_readable(request) else None
+        # ATOMIC_REQUESTS on the primary makes the view one of its transactions:
+        # nothing would move (W071), and the headers must not say it did.
+        primary_atomic = connections[db.alias()].settings_dict.get("ATOMIC_REQUESTS", False)
+        served = staleness() if not primary_atomic and replica_readable(request) else None
         if served is None:
             return self.get_response(request)
         match = _match(request)

@@ -248,3 +248,19 @@ def test_an_asgi_request_reads_the_replica_and_the_next_one_is_unmarked(replica,
     assert len(on_replica) > 0 and writes(on_replica) == []
     assert replica_module.marked() is False
     assert WorkflowRun.objects.all().db == "default"
+
+
+@routed
+def test_with_atomic_requests_on_the_primary_a_page_does_not_say_it_read_the_replica(
+    replica, waiter, monkeypatch
+):
+    """ATOMIC_REQUESTS makes each view a transaction of the primary, so every
+    read stays there (W071 warns): the response must not claim the replica."""
+    run = start_workflow("parcel")
+    client = api_client()
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    with queries("replica") as on_replica:
+        response = client.get(f"{API}runs/{run.pk}/")
+    assert response.status_code == 200
+    assert len(on_replica) == 0
+    assert SERVED_FROM_HEADER not in response
