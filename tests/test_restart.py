@@ -421,3 +421,36 @@ def test_a_run_whose_trigger_event_was_erased_is_refused_by_the_pre_flight_too(r
     assert "no longer in the log" in (refuse_restart(old, "0") or "")
     with pytest.raises(InvalidRunState, match="no longer in the log"):
         restart_run(old.id, from_step="0")
+
+
+def test_a_child_run_restarts_as_a_run_of_its_own_and_its_parent_keeps_its_end(registry, clock):
+    broken = {"yes": True}
+
+    def kid(ctx):
+        if broken["yes"]:
+            raise RuntimeError("kid down")
+        return ctx.event.payload["n"] * 2
+
+    define_workflow("kid", steps=[s.compute("k", kid), s.return_(lambda ctx: ctx.steps["k"])])
+    define_workflow(
+        "parent",
+        steps=[s.child("c", "kid", input={"n": 4}), s.return_(lambda ctx: ctx.steps["c"])],
+    )
+    parent = start_workflow("parent")
+    run_until_idle()
+    parent.refresh_from_db()
+    from kumiflow_django.models import WorkflowRun
+
+    child = WorkflowRun.objects.get(workflow="kid")
+    assert (parent.status, child.status) == (RunStatus.FAILED, RunStatus.FAILED)
+
+    plan = restart_plan(child.id, "0")
+    assert plan.refusal is None
+    assert any("child of run" in note for note in plan.notes)
+    broken["yes"] = False
+    new = restart_run(child.id, from_step="0", reason="kid fixed")
+    run_until_idle()
+    new.refresh_from_db()
+    parent.refresh_from_db()
+    assert (new.status, new.result, new.parent_id) == (RunStatus.COMPLETED, 8, None)
+    assert parent.status == RunStatus.FAILED  # its end stays: nobody told it otherwise
