@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.db import DatabaseError, InterfaceError
+from django.db import DatabaseError, InterfaceError, connections
 from django.http import HttpRequest, HttpResponseBase
+from django.urls import Resolver404, ResolverMatch, resolve
 
 from kumiflow_django.store import db, replica
 from kumiflow_django.store.models import EngineManager
@@ -107,7 +108,7 @@ def replica_readable(request: HttpRequest) -> bool:
     that reads (not an event stream, which follows the primary's log)."""
     if request.method not in ("GET", "HEAD"):
         return False
-    match = getattr(request, "resolver_match", None)
+    match = _match(request)
     if match is None:
         return False
     name = match.url_name or ""
@@ -116,6 +117,18 @@ def replica_readable(request: HttpRequest) -> bool:
     if "kumiflow_api" in match.app_names:
         return bool(getattr(match.func, "replica_readable", False))
     return False
+
+
+def _match(request: HttpRequest) -> ResolverMatch | None:
+    """The request's view: resolved already (after the URL resolution), else
+    resolved here (the middleware asks before it), None when no URL matches."""
+    match = getattr(request, "resolver_match", None)
+    if match is not None:
+        return match  # type: ignore[no-any-return]
+    try:
+        return resolve(request.path_info, getattr(request, "urlconf", None))
+    except Resolver404:
+        return None
 
 
 def staleness() -> Staleness | None:
@@ -136,36 +149,28 @@ def staleness() -> Staleness | None:
 
 class ReplicaReadsMiddleware:
     """Marks the replica-readable requests (:func:`replica_readable`) and says
-    on their pages and in their headers how stale they may be."""
+    on their pages and in their headers how stale they may be.
+
+    The mark is one block around the rest of the request, opened and closed
+    in ``__call__``: under ASGI a sync middleware's ``process_view`` and its
+    ``__call__`` run in different threads (different contexts), and a mark
+    set in one cannot be reset in the other."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        try:
-            response = self.get_response(request)
-        finally:
-            token = getattr(request, "_kumiflow_replica_token", None)
-            if token is not None:
-                token.__exit__(None, None, None)
-        served: Staleness | None = getattr(request, "_kumiflow_replica", None)
-        if served is not None:
-            response[SERVED_FROM_HEADER] = served.database
-            response[LAG_HEADER] = "unknown" if served.lag is None else f"{served.lag:.3f}"
-        return response
-
-    def process_view(
-        self, request: HttpRequest, view: Any, args: Any, kwargs: Any
-    ) -> HttpResponseBase | None:
-        if not replica_readable(request):
-            return None
-        served = staleness()
+        # ATOMIC_REQUESTS on the primary makes the view one of its transactions:
+        # nothing would move (W071), and the headers must not say it did.
+        primary_atomic = connections[db.alias()].settings_dict.get("ATOMIC_REQUESTS", False)
+        served = staleness() if not primary_atomic and replica_readable(request) else None
         if served is None:
-            return None
-        block = replica.replica_reads()
-        block.__enter__()
-        request._kumiflow_replica_token = block  # type: ignore[attr-defined]
-        request._kumiflow_replica = served  # type: ignore[attr-defined]
-        if request.resolver_match is not None and request.resolver_match.app_name == "admin":
+            return self.get_response(request)
+        match = _match(request)
+        if match is not None and match.app_name == "admin":
             messages.info(request, served.note(), fail_silently=True)
-        return None
+        with replica.replica_reads():
+            response = self.get_response(request)
+        response[SERVED_FROM_HEADER] = served.database
+        response[LAG_HEADER] = "unknown" if served.lag is None else f"{served.lag:.3f}"
+        return response

@@ -648,3 +648,45 @@ def test_the_admin_clock_is_the_engines(shop, clock):
     assert overview.context()["now"] == clock.now()
     clock.advance(timedelta(hours=1))
     assert overview.context()["now"] == clock.now()
+
+
+def test_the_run_list_reads_a_fixed_number_of_queries_with_reasons_and_delivery_flags(
+    admin_client, registry, clock
+):
+    """Each row says why its run failed and whether a delivery of a completed
+    run is dead: read per page, not per run (5 runs or 50, the same queries);
+    the error text a run failed with is escaped, where the list shows it."""
+    from kumiflow_django.models import DispatchStatus
+
+    define_workflow(
+        "hooked",
+        steps=[s.webhook_send("https://crm.example.com/hook", body={}, name="hook")],
+    )
+
+    def boom(ctx):
+        raise RuntimeError("<script>alert('why')</script>")
+
+    define_workflow("broken", steps=[s.compute("x<img src=x onerror=alert(1)>", boom)])
+
+    def make(n: int) -> None:
+        for _ in range(n):
+            start_workflow("broken")
+            start_workflow("hooked")
+        Dispatch.objects.update(status=DispatchStatus.DEAD)
+
+    def queries() -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as captured:
+            page = admin_client.get(reverse("admin:kumiflow_workflowrun_changelist"))
+        assert page.status_code == 200
+        return len(captured), page.content.decode()
+
+    make(3)
+    few, html = queries()
+    assert "webhook dead" in html
+    assert "<script>alert(" not in html and "&lt;script&gt;" in html
+    assert "<img src=x" not in html
+    make(22)
+    assert WorkflowRun.objects.count() == 50
+    many, html = queries()
+    assert html.count("webhook dead") == 25
+    assert many == few

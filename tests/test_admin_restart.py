@@ -114,3 +114,17 @@ def test_a_compensated_run_offers_start_again_not_retry(admin_client, registry, 
     assert ">Start again<" in page
     plan = admin_client.get(restart_url(run)).content.decode()
     assert "Start again from step 0" in plan
+
+
+def test_a_hostile_step_path_is_shown_escaped_and_restarts_nothing(admin_client, order):
+    hostile = "<script>alert('restart')</script>"
+    page = admin_client.get(restart_url(order), {"from_step": hostile})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert hostile not in html and "&lt;script&gt;" in html
+    posted = admin_client.post(
+        restart_url(order), {"from_step": hostile, "reason": "<b>why</b>"}, follow=True
+    )
+    assert posted.status_code == 200
+    assert hostile not in posted.content.decode()
+    assert WorkflowRun.objects.count() == 1

@@ -221,3 +221,46 @@ def test_the_checks_name_what_is_missing(replica):
     assert ids("replica", databases, "default", [ReplicaRouter()], middleware) == []
     atomic = {**databases, "default": {"ATOMIC_REQUESTS": True}}
     assert ids("replica", atomic, "default", [router], middleware) == ["kumiflow.W071"]
+
+
+@routed
+def test_an_asgi_request_reads_the_replica_and_the_next_one_is_unmarked(replica, waiter):
+    """Under ASGI the middleware's parts run in separate threads: the marked
+    block opened in process_view is closed after the response, not in a
+    Context of another thread (a ValueError, a 500), and no mark outlives it."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    from kumiflow_django.store import replica as replica_module
+
+    run = start_workflow("parcel")
+    _, secret = create_token("asgi-replica", permissions=API_PERMISSIONS)
+
+    async def ask(path: str) -> Any:
+        return await AsyncClient().get(path, headers={"Authorization": f"Bearer {secret}"})
+
+    with queries("replica") as on_replica:
+        response = async_to_sync(ask)(f"{API}runs/{run.pk}/")
+        again = async_to_sync(ask)(f"{API}runs/")
+    assert response.status_code == 200, response.content
+    assert response[SERVED_FROM_HEADER] == "replica"
+    assert again.status_code == 200 and again[SERVED_FROM_HEADER] == "replica"
+    assert len(on_replica) > 0 and writes(on_replica) == []
+    assert replica_module.marked() is False
+    assert WorkflowRun.objects.all().db == "default"
+
+
+@routed
+def test_with_atomic_requests_on_the_primary_a_page_does_not_say_it_read_the_replica(
+    replica, waiter, monkeypatch
+):
+    """ATOMIC_REQUESTS makes each view a transaction of the primary, so every
+    read stays there (W071 warns): the response must not claim the replica."""
+    run = start_workflow("parcel")
+    client = api_client()
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    with queries("replica") as on_replica:
+        response = client.get(f"{API}runs/{run.pk}/")
+    assert response.status_code == 200
+    assert len(on_replica) == 0
+    assert SERVED_FROM_HEADER not in response

@@ -325,3 +325,132 @@ def test_a_cancelled_run_restarts_at_the_step_it_waited_at(registry, clock):
     assert [c.path for c in restart_plan(old.id).choices] == ["0", "1"]
     new = restart_run(old.id, from_step="1")
     assert (new.status, new.state["steps"]) == (RunStatus.WAITING_EVENT, {"order": "A-1"})
+
+
+def test_two_long_keys_that_share_a_prefix_restart_as_two_runs(registry, clock):
+    """A key at the column's limit is shortened to fit ``#restart-<n>``; two keys
+    that differ only in their last characters must not shorten to one key (the
+    second restart would be swallowed by the first one's run)."""
+    from kumiflow_django.engine.starting import MAX_KEY_LENGTH
+
+    define_workflow("once", steps=[s.return_(lambda ctx: ctx.event.payload["n"])])
+    stem = "order-" + "x" * (MAX_KEY_LENGTH - 8)
+    a = start_workflow("once", payload={"n": 1}, idempotency_key=stem + "-a")
+    b = start_workflow("once", payload={"n": 2}, idempotency_key=stem + "-b")
+    assert len(a.idempotency_key or "") == MAX_KEY_LENGTH
+
+    from_a = restart_run(a.id, from_step="0")
+    from_b = restart_run(b.id, from_step="0")
+
+    assert from_b.id != from_a.id
+    assert from_b.result == 2
+    assert len(from_b.idempotency_key or "") <= MAX_KEY_LENGTH
+    assert from_a.idempotency_key != from_b.idempotency_key
+    assert restart_plan(b.id, "0").idempotency_key not in (
+        from_a.idempotency_key,
+        from_b.idempotency_key,
+    )
+
+
+def test_a_key_taken_by_a_start_of_its_own_is_not_the_restart(registry, clock):
+    """A run started with the key a restart would derive (``k#restart-1``) is not
+    the restart: the restart is a new run with the next free key, and the old
+    run's ``run-restarted`` names that run."""
+    define_workflow("once", steps=[s.return_(lambda ctx: ctx.event.payload["n"])])
+    old = start_workflow("once", payload={"n": 1}, idempotency_key="k")
+    squatter = start_workflow("once", payload={"n": 99}, idempotency_key="k#restart-1")
+
+    assert restart_plan(old.id, "0").idempotency_key == "k#restart-2"
+    new = restart_run(old.id, from_step="0")
+
+    assert new.id != squatter.id
+    assert (new.idempotency_key, new.result) == ("k#restart-2", 1)
+    restarted = "kumiflow.workflow.run-restarted"
+    marker = Event.objects.get(stream_id=str(old.id), type=restarted).payload
+    assert marker["run"] == str(new.id)
+
+
+def test_a_restarted_run_restarted_again_keeps_what_the_first_restart_carried(registry, clock):
+    """Run 1 computes ``a``, waits, then fails at ``b``; restarted at the wait
+    (run 2 carries ``a``), it fails at ``b`` again; restarted at the wait again
+    (run 3), it still has ``a``: the results carried into run 2 are its own."""
+    calls, broken = {"a": 0, "b": 0}, {"yes": True}
+    _flaky(calls, broken)
+    first = start_workflow("flaky", payload={"order": 7})
+    clock.advance(hours=2)
+    run_until_idle()
+    second = restart_run(first.id, from_step="1", reason="partner fixed?")
+    clock.advance(hours=2)
+    run_until_idle()
+    second.refresh_from_db()
+    assert second.status == RunStatus.FAILED
+
+    plan = restart_plan(second.id, "1")
+    assert plan.refusal is None, plan.refusal
+    assert plan.carried == ["a"]
+    broken["yes"] = False
+    third = restart_run(second.id, from_step="1", reason="partner fixed")
+    clock.advance(hours=2)
+    run_until_idle()
+    third.refresh_from_db()
+    assert (third.status, third.result) == (RunStatus.COMPLETED, 21)
+    assert calls["a"] == 1  # never ran again
+    assert third.idempotency_key is None
+
+
+def test_a_run_whose_trigger_event_was_erased_is_refused_by_the_pre_flight_too(registry, clock):
+    """The trigger is read again by a restart: erased (personal data), the run
+    cannot restart, and the pre-flight (which the console's button asks) says
+    so, rather than offering a restart that then fails."""
+    from kumiflow_django import append_event, erase_stream, on_event
+
+    def boom(ctx):
+        raise RuntimeError("down")
+
+    define_workflow("onboard", trigger=on_event("person.joined"), steps=[s.compute("x", boom)])
+    append_event("person-1", "person.joined", {"name": "Ann"})
+    run_until_idle()
+    from kumiflow_django.models import WorkflowRun
+
+    old = WorkflowRun.objects.get(workflow="onboard")
+    assert old.status == RunStatus.FAILED and old.trigger_position is not None
+    assert restart_plan(old.id, "0").refusal is None
+    erase_stream("person-1")
+
+    assert "no longer in the log" in (restart_plan(old.id, "0").refusal or "")
+    assert "no longer in the log" in (refuse_restart(old, "0") or "")
+    with pytest.raises(InvalidRunState, match="no longer in the log"):
+        restart_run(old.id, from_step="0")
+
+
+def test_a_child_run_restarts_as_a_run_of_its_own_and_its_parent_keeps_its_end(registry, clock):
+    broken = {"yes": True}
+
+    def kid(ctx):
+        if broken["yes"]:
+            raise RuntimeError("kid down")
+        return ctx.event.payload["n"] * 2
+
+    define_workflow("kid", steps=[s.compute("k", kid), s.return_(lambda ctx: ctx.steps["k"])])
+    define_workflow(
+        "parent",
+        steps=[s.child("c", "kid", input={"n": 4}), s.return_(lambda ctx: ctx.steps["c"])],
+    )
+    parent = start_workflow("parent")
+    run_until_idle()
+    parent.refresh_from_db()
+    from kumiflow_django.models import WorkflowRun
+
+    child = WorkflowRun.objects.get(workflow="kid")
+    assert (parent.status, child.status) == (RunStatus.FAILED, RunStatus.FAILED)
+
+    plan = restart_plan(child.id, "0")
+    assert plan.refusal is None
+    assert any("child of run" in note for note in plan.notes)
+    broken["yes"] = False
+    new = restart_run(child.id, from_step="0", reason="kid fixed")
+    run_until_idle()
+    new.refresh_from_db()
+    parent.refresh_from_db()
+    assert (new.status, new.result, new.parent_id) == (RunStatus.COMPLETED, 8, None)
+    assert parent.status == RunStatus.FAILED  # its end stays: nobody told it otherwise

@@ -36,6 +36,7 @@ completed steps were undone) restarts only from its first step.
 from __future__ import annotations
 
 import copy
+import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,7 @@ from kumiflow_django.definition.context import STATE_KEYS, Trigger, TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.step import COMPENSATE, Step, path_text, walk
 from kumiflow_django.definition.workflow import Workflow
+from kumiflow_django.engine.opening import keyed_run
 from kumiflow_django.engine.run_start import RestartFrom
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.engine.starting import MAX_KEY_LENGTH, start_run
@@ -59,6 +61,7 @@ from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.errors import (
     InvalidEvent,
     InvalidRunState,
+    OperationConflict,
     Refusal,
     RunNotFound,
     UnknownWorkflow,
@@ -243,6 +246,9 @@ class _History:
     #: The step a failed segment began at, or a cancelled run waited at.
     failed_at: str | None
     restarts: int
+    #: The results a restart carried into this run (their steps ran in the run
+    #: it restarted, not in this one's segments).
+    inherited: list[str] = field(default_factory=list)
 
 
 def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
@@ -251,6 +257,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
     results: dict[str, Any] = {}
     failed_at: str | None = None
     restarts = 0
+    inherited: list[str] = []
     segment_began: list[Any] | None = None
     for event in events:
         p = event.payload if isinstance(event.payload, dict) else {}
@@ -259,6 +266,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             if restart:
                 state = copy.deepcopy(restart["state"])
                 results = dict(state.get("steps") or {})
+                inherited = list(results)
                 segment_began = restart.get("cursor")
         elif event.type == ev.RUN_RESTARTED:
             restarts += 1
@@ -281,7 +289,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             # the state there is committed, the step can run anew.
             began = segment_began if segment_began else [0]
             failed_at = path_text(began) if began and began[0] != "$compensate" else None
-    return _History(list(committed), state, results, failed_at, restarts)
+    return _History(list(committed), state, results, failed_at, restarts, inherited)
 
 
 def _not_kept(value: Any) -> bool:
@@ -323,10 +331,27 @@ def _choices(run: WorkflowRun, workflow: Workflow, history: _History) -> list[Pl
 
 
 def _key(run: WorkflowRun, n: int) -> str | None:
+    """``<key>#restart-<n>``, the first such key no run of the workflow has.
+
+    A key too long for the column with the suffix is shortened, and a digest of
+    the whole key is kept in it: two keys sharing their first characters must
+    not shorten to one key (the second restart would get the first's run). A
+    key taken already (a start of its own used it) is skipped, not taken over.
+    """
     if run.idempotency_key is None:
         return None
-    suffix = f"#restart-{n}"
-    return run.idempotency_key[: MAX_KEY_LENGTH - len(suffix)] + suffix
+    key = run.idempotency_key
+    n = max(n, 1)
+    while True:
+        suffix = f"#restart-{n}"
+        if len(key) + len(suffix) <= MAX_KEY_LENGTH:
+            candidate = key + suffix
+        else:
+            digest = "~" + hashlib.sha256(key.encode()).hexdigest()[:16]
+            candidate = key[: MAX_KEY_LENGTH - len(suffix) - len(digest)] + digest + suffix
+        if keyed_run(run.tenant_id, run.workflow, candidate) is None:
+            return candidate
+        n += 1
 
 
 def _carried_state(
@@ -338,6 +363,11 @@ def _carried_state(
         return new_state(), [], []
     names: dict[str, None] = {}
     later: set[str] = set()
+    if history.inherited:  # carried into a restarted run: before its steps, by name
+        wanted = set(history.inherited)
+        for at, named in walk(workflow.steps):
+            if named.name in wanted and COMPENSATE not in at and _before(list(at), cursor):
+                names[named.name] = None
     for text in history.committed:
         try:
             q = parse_path(text)
@@ -446,7 +476,21 @@ def _repeats(workflow: Workflow, again: list[PlanStep]) -> list[Repeat]:
     return found
 
 
+#: The longest step path a restart reads (the HTTP API's ``maxLength``); a
+#: longer one is refused without being echoed back.
+MAX_PATH_LENGTH = 200
+
+
 def _plan(run: WorkflowRun, from_step: str, definition: str, history: _History) -> RestartPlan:
+    if len(from_step) > MAX_PATH_LENGTH or len(str(definition)) > MAX_PATH_LENGTH:
+        return RestartPlan(
+            str(run.id),
+            run.workflow,
+            from_step[:MAX_PATH_LENGTH],
+            str(definition)[:MAX_PATH_LENGTH],
+            [],
+            refusal=f"a step path or a definition is at most {MAX_PATH_LENGTH} characters",
+        )
     workflow = _definition(run, definition)
     empty = RestartPlan(str(run.id), run.workflow, str(from_step), str(definition), [])
     if isinstance(workflow, Refusal):
@@ -469,6 +513,8 @@ def _plan(run: WorkflowRun, from_step: str, definition: str, history: _History) 
         return _refused(
             plan, f"the run is {run.status}: only failed, cancelled or completed runs are restarted"
         )
+    if run.trigger_position is not None and _trigger_event(run) is None:
+        return _refused(plan, _trigger_gone(run))
     try:
         cursor = parse_path(from_step)
         workflow.step_at(cursor)
@@ -566,15 +612,25 @@ def refuse_restart(
     return _plan(run, str(from_step), definition, _history(run, _events(run))).refusal
 
 
+def _trigger_event(run: WorkflowRun) -> Event | None:
+    if run.trigger_position is None:
+        return None
+    return Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
+
+
+def _trigger_gone(run: WorkflowRun) -> str:
+    return (
+        f"its trigger event at position {run.trigger_position} is no longer in the log "
+        "(erased): it cannot be restarted"
+    )
+
+
 def _trigger(run: WorkflowRun) -> Trigger:
     if run.trigger_position is None:
         return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
-    event = Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
-    if event is None:
-        raise InvalidRunState(
-            f"run {run.id}: its trigger event at position {run.trigger_position} is no longer "
-            "in the log: it cannot be restarted"
-        )
+    event = _trigger_event(run)
+    if event is None:  # erased since the plan was read (the plan refuses it too)
+        raise InvalidRunState(f"run {run.id}: {_trigger_gone(run)}")
     return event
 
 
@@ -645,6 +701,13 @@ def restart_run(
             ),
             run_id=new_id,
         )
+        if new.id != new_id:
+            # A start of its own took the key between the plan and the start:
+            # its run is not this restart (nothing is kept: the marker rolls back).
+            raise OperationConflict(
+                f"run {old.id}: the restart's key {plan.idempotency_key!r} was taken by run "
+                f"{new.id} meanwhile: try again"
+            )
     logger.info(
         "run %s restarted from step %s as run %s by %s (%s)",
         old.id,
