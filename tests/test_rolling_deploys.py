@@ -341,3 +341,42 @@ def test_the_sweep_does_not_fail_a_run_a_worker_has_just_claimed(newer_run, cloc
     assert unserved.fail_overdue() == 0
     run.refresh_from_db()
     assert run.status == RunStatus.WAITING
+
+
+# -- the claim filter's SQL ----------------------------------------------------
+
+
+def test_a_worker_with_no_workflows_claims_nothing_and_does_not_break(registry, clock):
+    deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    registry.unregister("signup")  # a worker of a project without workflows
+    clock.advance(minutes=1)
+    assert str(unserved.claim_filter())  # an empty IN list is a valid filter
+    assert resume_all() == 0
+    assert only_run().status == RunStatus.WAITING
+
+
+def test_the_claim_filter_takes_over_among_many_old_definitions(registry, clock):
+    """A workflow deployed many times keeps a snapshot per definition: the
+    claim's ``fingerprint IN (…)`` list grows with them (past SQLite's old
+    999 variables) and still finds the run of an old one."""
+    from hashlib import sha256
+
+    from kumiflow_django.definition.snapshots import DefinitionSnapshot
+
+    deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    DefinitionSnapshot.objects.bulk_create(
+        DefinitionSnapshot(
+            fingerprint=sha256(str(i).encode()).hexdigest(),
+            workflow="signup",
+            created_at=store_clock.now(),
+        )
+        for i in range(1500)
+    )
+    clock.advance(seconds=1)
+    deploy(registry, NEW)  # stored after all of them: they are older
+    clock.advance(minutes=1)
+    assert resume_all() == 1
+    run = only_run()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, "new")
