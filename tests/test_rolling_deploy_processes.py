@@ -26,7 +26,7 @@ def start(release: str, n: int) -> list[WorkflowRun]:
         return [start_workflow("rolling-deploy") for _ in range(n)]
 
 
-def worker(release: str):
+def worker(release: str, **env: str):
     proc = spawn(
         "kumiflow_worker",
         "--no-cron",
@@ -35,7 +35,7 @@ def worker(release: str):
         "0.2",
         "-v",
         "2",
-        env={"SHOP_RELEASE": release},
+        env={"SHOP_RELEASE": release, **env},
     )
     wait_for(
         lambda: proc.poll() is not None or WorkerProcess.objects.filter(pid=proc.pid).exists(),
@@ -158,11 +158,13 @@ def test_a_compatible_change_carries_the_old_workers_runs_on_once_it_stops():
     def all_in(ids: list[str], status: str) -> bool:
         return WorkflowRun.objects.filter(pk__in=ids, status=status).count() == len(ids)
 
-    old = worker("a")
+    # A worker takes runs over once up for a heartbeat's staleness: 10 s here.
+    stale = {"KUMIFLOW_WORKER_STALE_SECONDS": "10"}
+    old = worker("a", **stale)
     new = None
     try:
         kept, taken = begin("a", 3), begin("a", 3)
-        new = worker("b")
+        new = worker("b", **stale)
         fresh = begin("b", 3)
         started = kept + taken + fresh
         wait_for(lambda: all_in(started, RunStatus.WAITING_EVENT), 120, "every run charged")

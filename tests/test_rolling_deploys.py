@@ -380,3 +380,20 @@ def test_the_claim_filter_takes_over_among_many_old_definitions(registry, clock)
     assert resume_all() == 1
     run = only_run()
     assert (run.status, run.result) == (RunStatus.COMPLETED, "new")
+
+
+def test_a_worker_takes_runs_over_only_once_every_live_worker_announced_itself(registry, clock):
+    """After an outage the whole fleet starts at once: a new worker up for less
+    than a heartbeat's staleness leaves an old definition's runs (an old
+    worker may not have announced itself yet) instead of failing them."""
+    deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    deploy(registry, [s.wait("PT2M"), s.return_("old")])  # incompatible for the run
+    clock.advance(minutes=1)
+    fresh = ResumeLoop(batch_size=100, settle_takeovers=True)
+    assert fresh.run_once() == 0
+    assert only_run().status == RunStatus.WAITING, "left, not failed"
+    fresh._born -= serving.stale_after()  # up for a heartbeat's staleness now
+    assert fresh.run_once() == 1
+    run = only_run()
+    assert run.status == RunStatus.FAILED and "incompatible" in run.last_error

@@ -33,12 +33,13 @@ from kumiflow_django.store.telemetry import get_logger, run_log_fields
 logger = get_logger("kumiflow_django.engine.unserved")
 
 
-def claim_filter(served: Served | None = None) -> Q:
+def claim_filter(served: Served | None = None, *, takeover: bool = True) -> Q:
     """The due runs this process may claim: those on a definition it has (or
     one it takes over, see :func:`~kumiflow_django.definition.serving.claimable`),
     and the queued runs of its workflows (nothing of them ran yet: they start
-    on the current definition)."""
-    fingerprints, workflows = claimable(served or Served.read())
+    on the current definition). ``takeover=False``: none of other
+    definitions (a worker not up long enough to know every live one)."""
+    fingerprints, workflows = claimable(served or Served.read(), takeover=takeover)
     return Q(fingerprint__in=sorted(fingerprints)) | Q(
         status=RunStatus.QUEUED, workflow__in=sorted(workflows)
     )
