@@ -173,6 +173,8 @@ KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS = env.list(
     "KUMIFLOW_WEBHOOK_ALLOWED_PRIVATE_HOSTS", default=[]
 )
 KUMIFLOW_LEASE_SECONDS = env.float("KUMIFLOW_LEASE_SECONDS", default=60.0)
+# The process tests of a rolling deploy shorten a worker's staleness.
+KUMIFLOW_WORKER_STALE_SECONDS = env("KUMIFLOW_WORKER_STALE_SECONDS", cast=float, default=None)
 # The live-stream tests start servers that poll fast, or (to prove LISTEN) never.
 KUMIFLOW_SSE_POLL_INTERVAL = env.float("KUMIFLOW_SSE_POLL_INTERVAL", default=1.0)
 KUMIFLOW_SSE_HEARTBEAT = env.float("KUMIFLOW_SSE_HEARTBEAT", default=15.0)

@@ -249,3 +249,151 @@ def test_a_resume_outside_the_worker_leaves_a_run_it_cannot_run(newer_run, clock
     run.refresh_from_db()
     assert (run.status, types(run)) == (RunStatus.WAITING, before)
     assert run.wake_at is not None and run.wake_at <= clock.now()
+
+
+# -- the plan and the sweep read the same heartbeat rows as the claim ---------
+
+
+def plan_of(workflow: str):
+    from kumiflow_django.engine.deploys import DeployPlan
+
+    return {g.fate: g for g in DeployPlan().groups() if g.workflow == workflow}
+
+
+def test_the_plan_says_a_live_old_worker_keeps_a_run_the_new_code_carries_on(registry, clock):
+    from kumiflow_django.engine.deploys import Fate
+
+    old = deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    deploy(registry, [*OLD, s.return_("appended")])  # a compatible change: the new code
+    another_worker("old-release", old)
+    group = plan_of("signup")[Fate.CARRIED_ON]
+    assert (group.count, group.served) == (1, True)
+    WorkerProcess.objects.all().delete()  # the old worker stopped
+    group = plan_of("signup")[Fate.CARRIED_ON]
+    assert (group.count, group.served) == (1, False)
+
+
+def test_the_plan_counts_a_run_that_fails_once_the_live_old_worker_stops(registry, clock):
+    from django.core.management import call_command
+
+    from kumiflow_django.engine.deploys import DeployPlan, Fate
+
+    old = deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    deploy(registry, [s.wait("PT2M"), s.return_("old")])  # its current step changed
+    another_worker("old-release", old)
+    group = plan_of("signup")[Fate.FAILS]
+    assert group.served, "a live worker keeps it now"
+    # The release step still stops: stopping the old workers is the deploy.
+    assert DeployPlan().failing() == 1
+    with pytest.raises(SystemExit):
+        call_command("kumiflow_plan")
+    # And the deploy does what the plan said: left while the old worker
+    # lives, failed with the precise reason at once once it is gone.
+    clock.advance(minutes=1)
+    WorkerProcess.objects.update(last_seen=store_clock.now())  # its heartbeat
+    assert resume_all() == 0
+    WorkerProcess.objects.all().delete()
+    resume_all()
+    run = only_run()
+    assert run.status == RunStatus.FAILED
+    assert "step 0" in run.last_error and "incompatible" in run.last_error
+
+
+def test_the_plan_leaves_a_run_on_a_newer_definition_to_its_release(newer_run, clock):
+    from kumiflow_django.engine.deploys import Fate
+
+    old, new, run = newer_run
+    plan = plan_of("signup")
+    assert set(plan) == {Fate.WAITS}, "never carried on or failed by the older code"
+    assert "no live worker serves it" in plan[Fate.WAITS].why
+    another_worker("new-release", new)
+    plan = plan_of("signup")
+    assert plan[Fate.WAITS].served and "a live worker serves it" in plan[Fate.WAITS].why
+    clock.advance(minutes=1)
+    assert resume_all() == 0, "the claim agrees: the run is left"
+
+
+@override_settings(KUMIFLOW_UNKNOWN_DEFINITION_GRACE=600)
+def test_the_sweep_asks_again_under_the_lock_whether_a_worker_serves_the_run(newer_run, clock):
+    old, new, run = newer_run
+    clock.advance(minutes=11)
+    stale = serving.Served.read()  # the pass's reading: nobody serves it
+    another_worker("new-release", new)  # a worker came up since
+    assert unserved._fail(run.id, store_clock.now()) is None
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+    assert run.fingerprint not in stale.fingerprints
+
+
+@override_settings(KUMIFLOW_UNKNOWN_DEFINITION_GRACE=600)
+def test_the_sweep_does_not_fail_a_run_a_worker_has_just_claimed(newer_run, clock):
+    from datetime import timedelta
+
+    from kumiflow_django.models import WorkflowRun
+
+    old, new, run = newer_run
+    clock.advance(minutes=11)
+    WorkflowRun.objects.filter(pk=run.pk).update(
+        lease_owner="new-release", lease_until=store_clock.now() + timedelta(seconds=60)
+    )
+    assert unserved.fail_overdue() == 0
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+
+
+# -- the claim filter's SQL ----------------------------------------------------
+
+
+def test_a_worker_with_no_workflows_claims_nothing_and_does_not_break(registry, clock):
+    deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    registry.unregister("signup")  # a worker of a project without workflows
+    clock.advance(minutes=1)
+    assert str(unserved.claim_filter())  # an empty IN list is a valid filter
+    assert resume_all() == 0
+    assert only_run().status == RunStatus.WAITING
+
+
+def test_the_claim_filter_takes_over_among_many_old_definitions(registry, clock):
+    """A workflow deployed many times keeps a snapshot per definition: the
+    claim's ``fingerprint IN (…)`` list grows with them (past SQLite's old
+    999 variables) and still finds the run of an old one."""
+    from hashlib import sha256
+
+    from kumiflow_django.definition.snapshots import DefinitionSnapshot
+
+    deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    DefinitionSnapshot.objects.bulk_create(
+        DefinitionSnapshot(
+            fingerprint=sha256(str(i).encode()).hexdigest(),
+            workflow="signup",
+            created_at=store_clock.now(),
+        )
+        for i in range(1500)
+    )
+    clock.advance(seconds=1)
+    deploy(registry, NEW)  # stored after all of them: they are older
+    clock.advance(minutes=1)
+    assert resume_all() == 1
+    run = only_run()
+    assert (run.status, run.result) == (RunStatus.COMPLETED, "new")
+
+
+def test_a_worker_takes_runs_over_only_once_every_live_worker_announced_itself(registry, clock):
+    """After an outage the whole fleet starts at once: a new worker up for less
+    than a heartbeat's staleness leaves an old definition's runs (an old
+    worker may not have announced itself yet) instead of failing them."""
+    deploy(registry, OLD)
+    append_event("u1", "signed-up")
+    deploy(registry, [s.wait("PT2M"), s.return_("old")])  # incompatible for the run
+    clock.advance(minutes=1)
+    fresh = ResumeLoop(batch_size=100, settle_takeovers=True)
+    assert fresh.run_once() == 0
+    assert only_run().status == RunStatus.WAITING, "left, not failed"
+    fresh._born -= serving.stale_after()  # up for a heartbeat's staleness now
+    assert fresh.run_once() == 1
+    run = only_run()
+    assert run.status == RunStatus.FAILED and "incompatible" in run.last_error

@@ -163,7 +163,7 @@ class Served:
         return cls(frozenset(fingerprints), {w: frozenset(f) for w, f in current.items()})
 
 
-def claimable(served: Served) -> tuple[frozenset[str], frozenset[str]]:
+def claimable(served: Served, *, takeover: bool = True) -> tuple[frozenset[str], frozenset[str]]:
     """The fingerprints this process may resume runs of, and the workflows
     whose queued runs it may start (they start on the current definition).
 
@@ -173,21 +173,24 @@ def claimable(served: Served) -> tuple[frozenset[str], frozenset[str]]:
     of the workflow (snapshots are stored when a worker starts and when a run
     starts on a definition). A definition stored later than ours was deployed
     after ours: its runs wait for a process that has it, never for us.
+    ``takeover=False``: its own fingerprints only.
     """
     mine = {w.fingerprint for w in registry.all_versions()}
     workflows = frozenset(w.name for w in registry.current())
+    if not takeover:
+        return frozenset(mine), workflows
     rows = DefinitionSnapshot.objects.filter(workflow__in=workflows).values_list(
         "fingerprint", "workflow", "created_at"
     )
     known = {fp: (workflow, created) for fp, workflow, created in rows}
-    takeover = set()
+    taken: set[str] = set()
     for fp, (workflow, created) in known.items():
         if fp in mine or fp in served.fingerprints:
             continue
         ours = known.get(registry.get(workflow).fingerprint)
         if ours is None or created <= ours[1]:
-            takeover.add(fp)
-    return frozenset(mine | takeover), workflows
+            taken.add(fp)
+    return frozenset(mine | taken), workflows
 
 
 def here(workflow: str, fingerprint: str, *, queued: bool = False) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db.models import Count
 
+from kumiflow_django.definition import serving
 from kumiflow_django.definition.compatibility import (
     Classification,
     Outcome,
@@ -197,13 +198,26 @@ def decide(run: RunFacts, *, snapshots: Snapshots = snapshot) -> Decision:
 # --- the plan -----------------------------------------------------------------
 
 
-#: Whether some live worker process (not this one) serves a fingerprint: the
-#: runs of a definition this process lacks wait for it. The default knows of none.
+#: Whether a live worker process serves a fingerprint now. The default asks the
+#: heartbeat rows (``definition.serving.Served``), read once per plan.
 Served = Callable[[str], bool]
 
 
-def _nobody(fingerprint: str) -> bool:
-    return False
+def live_workers() -> Served:
+    """What the live worker processes serve, read now (their heartbeat rows)."""
+    served = serving.Served.read()
+    return lambda fingerprint: fingerprint in served.fingerprints
+
+
+def _takes_over(workflows: Iterable[str]) -> frozenset[str]:
+    """The fingerprints this code takes runs over from once no live worker
+    serves them: the claim rule's (``definition.serving.claimable``), asked as
+    if no other worker lived. A definition first seen after this code's is
+    newer: its runs wait for a worker of their release, never for this code."""
+    if not workflows:
+        return frozenset()
+    fingerprints, _ = serving.claimable(serving.Served(frozenset(), {}))
+    return fingerprints
 
 
 @dataclass
@@ -218,6 +232,9 @@ class Group:
     count: int
     sample: str  # one run id
     why: str = ""
+    #: A live worker process serves the definition now: it keeps the runs
+    #: while it lives, and ``fate`` is what this code does once none does.
+    served: bool = False
 
     def as_data(self) -> dict[str, Any]:
         return {
@@ -229,6 +246,7 @@ class Group:
             "count": self.count,
             "sample": self.sample,
             "why": self.why,
+            "served_by_live_worker": self.served,
         }
 
 
@@ -238,19 +256,27 @@ class DeployPlan:
 
     ``limit`` caps the runs read one by one (those whose definition is not
     registered here, which need their position); the counts of the others
-    come from one grouped query. ``served`` plugs in which fingerprints
-    other live workers serve.
+    come from one grouped query. ``served`` says which fingerprints live
+    worker processes serve (default: their heartbeat rows, read once).
+
+    The fate is what this code does to a run when the run is its to resume:
+    a run that a live worker (of the old release) serves stays there while
+    that worker lives (``Group.served``), and its fate applies once none
+    does. A run that would fail is counted as failing even while an old
+    worker keeps it: stopping that worker is the deploy.
     """
 
-    served: Served = _nobody
+    served: Served | None = None
     limit: int | None = None
     #: Whether ``limit`` left runs unread.
     truncated: bool = field(default=False, init=False)
+    _live: Served = field(default=lambda fingerprint: False, init=False, repr=False)
 
     def groups(self, *, samples: bool = True) -> list[Group]:
         """The plan. ``samples=False`` leaves the groups of runs that need no
         reading one by one without a sample (the startup check: one query)."""
         self.truncated = False
+        self._live = self.served or live_workers()
         cache: dict[str, DefinitionSnapshot | None] = {}
 
         def snapshots(fingerprint: str) -> DefinitionSnapshot | None:
@@ -272,8 +298,12 @@ class DeployPlan:
                 found.append(self._whole(workflow, fingerprint, own, count, samples))
             else:
                 to_read.append((workflow, fingerprint))
+        takes = _takes_over({workflow for workflow, _ in to_read})
         budget = self.limit
         for workflow, fingerprint in to_read:
+            if fingerprint not in takes:
+                found.extend(self._newer(workflow, fingerprint, samples))
+                continue
             if budget is not None and budget <= 0:
                 self.truncated = True
                 break
@@ -301,17 +331,41 @@ class DeployPlan:
                 sample, version = str(first[0]), first[1] or None
         elif own is not None:
             version = own.version
+        served = self._served(fingerprint)
         if own is None:
-            why = (
-                "a worker that serves it"
-                if self.served(fingerprint)
-                else "not registered here: a worker that has it must run it"
-            )
+            why = _waits(served, f'workflow "{workflow}" is not registered in this code')
             fate = Fate.WAITS
         else:
             fate = Fate.UNCHANGED if own is registry.get(workflow) else Fate.PINNED
             why = ""
-        return Group(workflow, fingerprint, version, "any", fate, count, sample, why)
+        return Group(workflow, fingerprint, version, "any", fate, count, sample, why, served)
+
+    def _served(self, fingerprint: str) -> bool:
+        return self._live(fingerprint)
+
+    def _newer(self, workflow: str, fingerprint: str, samples: bool) -> list[Group]:
+        """Runs of a definition newer than this code's: they wait for their release."""
+        runs = WorkflowRun.objects.filter(
+            status__in=IN_FLIGHT, workflow=workflow, fingerprint=fingerprint
+        ).order_by("started_at")
+        first = runs.values_list("id", "workflow_version").first() if samples else None
+        why = _waits(
+            self._served(fingerprint),
+            "the definition was first seen after the one registered here (a newer release)",
+        )
+        return [
+            Group(
+                workflow,
+                fingerprint,
+                (first[1] or None) if first else None,
+                "any",
+                Fate.WAITS,
+                runs.count(),
+                str(first[0]) if first else "",
+                why,
+                self._served(fingerprint),
+            )
+        ]
 
     def _positions(
         self,
@@ -346,8 +400,7 @@ class DeployPlan:
             decision = decided.get(key)
             if decision is None:
                 decision = decided[key] = decide(facts, snapshots=snapshots)
-            if decision.fate == Fate.FAILS and self.served(fingerprint):
-                decision = Decision(Fate.WAITS, why="a worker that serves it")
+            served = self._served(fingerprint) and not queued
             where = "the start" if queued or not cursor else _text(cursor)
             group_key = (where, decision.fate, decision.why)
             group = groups.get(group_key)
@@ -361,6 +414,7 @@ class DeployPlan:
                     1,
                     str(run_id),
                     decision.why,
+                    served,
                 )
             else:
                 group.count += 1
@@ -370,6 +424,15 @@ class DeployPlan:
         """How many runs in flight would fail (of ``groups``, or of a plan read now)."""
         found = self.groups(samples=False) if groups is None else groups
         return sum(g.count for g in found if g.fate == Fate.FAILS)
+
+
+def _waits(served: bool, why: str) -> str:
+    if served:
+        return f"{why}; a live worker serves it and runs it"
+    return (
+        f"{why}; no live worker serves it: it fails after "
+        "KUMIFLOW_UNKNOWN_DEFINITION_GRACE unless one comes"
+    )
 
 
 def _text(cursor: Any) -> str:

@@ -33,12 +33,13 @@ from kumiflow_django.store.telemetry import get_logger, run_log_fields
 logger = get_logger("kumiflow_django.engine.unserved")
 
 
-def claim_filter(served: Served | None = None) -> Q:
+def claim_filter(served: Served | None = None, *, takeover: bool = True) -> Q:
     """The due runs this process may claim: those on a definition it has (or
     one it takes over, see :func:`~kumiflow_django.definition.serving.claimable`),
     and the queued runs of its workflows (nothing of them ran yet: they start
-    on the current definition)."""
-    fingerprints, workflows = claimable(served or Served.read())
+    on the current definition). ``takeover=False``: none of other
+    definitions (a worker not up long enough to know every live one)."""
+    fingerprints, workflows = claimable(served or Served.read(), takeover=takeover)
     return Q(fingerprint__in=sorted(fingerprints)) | Q(
         status=RunStatus.QUEUED, workflow__in=sorted(workflows)
     )
@@ -104,18 +105,26 @@ def fail_overdue(now: datetime | None = None, *, limit: int = 100) -> int:
     )
     failed = 0
     for run_id in overdue:
-        if _fail(run_id, now - grace, served) is not None:
+        if _fail(run_id, now - grace) is not None:
             failed += 1
     return failed
 
 
-def _fail(run_id: uuid.UUID, before: datetime, served: Served) -> WorkflowRun | None:
+def _fail(run_id: uuid.UUID, before: datetime) -> WorkflowRun | None:
+    """Fail one overdue run, if it still is once locked. The pass's reading of
+    the heartbeat rows is old by then: a worker that came up since, or a lease
+    a worker took on the run since, is asked again under the lock, so the
+    sweep never fails a run that a live worker is about to resume."""
+
     def prepare() -> Prepared:
         run = lock_order.lock_run(run_id, skip_locked=True)
         if run is None or run.status not in SUSPENDED:
             return None
         if run.wake_at is None or run.wake_at > before:
             return None
+        if run.lease_until is not None and run.lease_until > clock.now():
+            return None  # a worker claimed it since the pass began
+        served = Served.read()
         if run.status == RunStatus.QUEUED and run.workflow in served.current:
             return None
         if run.fingerprint in served.fingerprints | taken_over(served):

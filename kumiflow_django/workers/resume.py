@@ -149,9 +149,13 @@ class ResumeLoop(Loop):
         batch_size: int = 100,
         max_interval: float = 5.0,
         threads: int | None = None,
+        settle_takeovers: bool = False,
     ) -> None:
         super().__init__(batch_size=batch_size, max_interval=max_interval)
         self.worker_id = worker_id or default_worker_id()
+        #: Take runs over from definitions no live worker serves only once up
+        #: for a heartbeat's staleness (a worker process: see :meth:`_settled`).
+        self.settle_takeovers = settle_takeovers
         self.threads = threads or settings.RESUME_THREADS
         self._pool: ThreadPoolExecutor | None = None
         self._stranded = StrandedSweep()
@@ -181,7 +185,7 @@ class ResumeLoop(Loop):
         a heartbeat's staleness (every live worker has announced itself by then:
         a fleet starting after an outage fails nothing it would have served)."""
         now = time.monotonic()
-        if now < self._next_unserved or now - self._born < serving.stale_after():
+        if now < self._next_unserved or not self._settled():
             return 0
         self._next_unserved = now + STRANDED_SWEEP_SECONDS
         try:
@@ -191,6 +195,13 @@ class ResumeLoop(Loop):
                 raise
             logger.exception("resume: failing runs no worker serves failed; tried again later")
             return 0
+
+    def _settled(self) -> bool:
+        """Up for a heartbeat's staleness: every live worker has announced
+        itself by then (after an outage, an old worker not yet announced
+        would otherwise look gone, and its runs be taken over, and failed
+        if the change is incompatible for them, by a new one)."""
+        return time.monotonic() - self._born >= serving.stale_after()
 
     def _parallel(self) -> bool:
         # SQLite lets one writer in at a time: threads would only queue for it.
@@ -253,7 +264,7 @@ class ResumeLoop(Loop):
         now = clock.now()
         # Only runs on a definition this process has: a run another process
         # must resume is not claimed here at all (no attempt, no lease).
-        only = unserved.claim_filter()
+        only = unserved.claim_filter(takeover=not self.settle_takeovers or self._settled())
         due = due_runs(now, self.batch_size, free=True, only=only)
         chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
         if not chunks:

@@ -94,7 +94,10 @@ class Worker:
         if resume:
             self.loops.append(
                 ResumeLoop(
-                    worker_id=self.worker_id, batch_size=batch_size, max_interval=max_interval
+                    worker_id=self.worker_id,
+                    batch_size=batch_size,
+                    max_interval=max_interval,
+                    settle_takeovers=True,
                 )
             )
         if dispatch:

@@ -256,8 +256,32 @@ def rolling_deploy(release):
     )
 
 
+def _run_id(ctx):
+    return str(ctx.run.id)
+
+
+def safe_deploy(release):
+    """A compatible change across a rolling deploy: a run charges once, waits
+    for its "go", and release "b" appends a receipt. A run of release "a"
+    carried on by a worker of "b" gets the receipt too, and is charged once."""
+    receipt = (
+        [s.call("receipt", "shop.count", lambda ctx: {"key": f"receipt:{ctx.run.id}"})]
+        if release == "b"
+        else []
+    )
+    return define_workflow(
+        "safe-deploy",
+        steps=[
+            s.call("charged", "shop.count", lambda ctx: {"key": f"charge:{ctx.run.id}"}),
+            s.wait_for_event("deploy.go", match={"payload.run": _run_id}, name="go"),
+            *receipt,
+        ],
+    )
+
+
 if settings.SHOP_RELEASE:
     rolling_deploy(settings.SHOP_RELEASE)
+    safe_deploy(settings.SHOP_RELEASE)
 
 # -- task steps: work outside the transaction ---------------------------------
 

@@ -4,7 +4,8 @@ Run it with the new code against the production database, before the deploy
 (in CI, in the release step). For each workflow with runs in flight, grouped
 by definition and position: whether they are unchanged, carried on to the
 new definition, pinned to a version still registered, will fail, or wait
-for a worker that has their definition; with counts and a sample run id.
+for a worker that has their definition; with counts and a sample run id,
+and whether a live worker process (its heartbeat row) serves them now.
 Exits with status 1 when runs would fail, so a release step can stop.
 """
 
@@ -47,7 +48,7 @@ class Command(BaseCommand):
         if not groups:
             self.stdout.write("No runs in flight.")
             return
-        rows = [("workflow", "definition", "position", "runs", "fate", "sample run")]
+        rows = [("workflow", "definition", "position", "runs", "fate", "now", "sample run")]
         for g in groups:
             version = f" v{g.version}" if g.version else ""
             rows.append(
@@ -57,6 +58,7 @@ class Command(BaseCommand):
                     g.position,
                     str(g.count),
                     str(g.fate),
+                    "live worker" if g.served else "",
                     g.sample,
                 )
             )
@@ -67,6 +69,11 @@ class Command(BaseCommand):
         for g in groups:
             if g.why and g.fate in (Fate.FAILS, Fate.WAITS):
                 self.stdout.write(f"\n{g.workflow} at {g.position} ({g.fate}): {g.why}")
+        if any(g.served and g.fate != Fate.WAITS for g in groups):
+            self.stdout.write(
+                "\nnow = live worker: a live worker process (the old release) serves these "
+                "runs and keeps them while it lives; the fate applies once none does."
+            )
         self.stdout.write("")
         if failing:
             self.stdout.write(self.style.ERROR(f"{failing} run(s) would fail."))
