@@ -68,6 +68,9 @@ def flows(registry):
 def test_a_cancelled_waiting_run_has_no_wait_left_and_its_event_wakes_nothing(flows):
     append_event("o-1", "order.placed", {"order": 1})
     run = WorkflowRun.objects.get()
+    # What the docs show (docs/steps/wait_for_event.md, "What a run waits for").
+    wait = RunWait.objects.filter(run=run, branch="").first()
+    assert (wait.event_type, wait.match) == ("payment.received", {"payload.order": 1})
     assert RunWait.objects.filter(run_id=run.id).count() == 1
     cancel_run(run.id, reason="test")
     assert not RunWait.objects.exists()
