@@ -4,12 +4,15 @@ retention pass) leaves no row that could wake it again."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.core.management import call_command
 
 from kumiflow_django import append_event, cancel_run, define_workflow, on_event
 from kumiflow_django import steps as s
 from kumiflow_django.models import RunStatus, RunWait, WorkflowRun
+from kumiflow_django.projections.retention import Retention
 from kumiflow_django.workers.resume import ResumeLoop
 
 pytestmark = pytest.mark.django_db
@@ -114,3 +117,21 @@ def test_a_timed_out_wait_has_no_row_left_and_a_late_event_wakes_nothing(flows, 
     append_event("pay-4", "payment.received", {"order": 4})
     run.refresh_from_db()
     assert run.result["timed_out"] is True
+
+
+def test_retention_takes_a_finished_runs_wait_rows_with_it(flows, clock):
+    """A row an older release left behind for a run that ended (its cancel as
+    a child did not remove it) goes with its run: no row of a deleted run."""
+    append_event("o-5", "order.placed", {"order": 5})
+    run = WorkflowRun.objects.get()
+    left = RunWait.objects.get(run=run)
+    cancel_run(run.id, reason="test")
+    left.pk = None
+    left.save()  # as the older release left it
+    clock.advance(days=100)
+
+    report = Retention(clock.now() - dt.timedelta(days=50)).run()
+
+    assert report.runs == 1
+    assert not WorkflowRun.objects.exists()
+    assert not RunWait.objects.filter(run_id=run.id).exists()
