@@ -72,7 +72,7 @@ def test_a_cancelled_waiting_run_has_no_wait_left_and_its_event_wakes_nothing(fl
     append_event("o-1", "order.placed", {"order": 1})
     run = WorkflowRun.objects.get()
     # What the docs show (docs/steps/wait_for_event.md, "What a run waits for").
-    wait = RunWait.objects.filter(run=run, branch="").first()
+    wait = RunWait.objects.get(run=run, branch="")
     assert (wait.event_type, wait.match) == ("payment.received", {"payload.order": 1})
     assert RunWait.objects.filter(run_id=run.id).count() == 1
     cancel_run(run.id, reason="test")
@@ -116,7 +116,7 @@ def test_a_timed_out_wait_has_no_row_left_and_a_late_event_wakes_nothing(flows, 
     assert not RunWait.objects.exists()
     append_event("pay-4", "payment.received", {"order": 4})
     run.refresh_from_db()
-    assert run.result["timed_out"] is True
+    assert run.result == {"timed_out": True, "type": "payment.received", "payload": None}
 
 
 def test_retention_takes_a_finished_runs_wait_rows_with_it(flows, clock):

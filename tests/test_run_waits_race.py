@@ -144,6 +144,7 @@ def test_a_timeout_due_while_its_event_is_being_taken_does_not_resume_the_run_ag
     assert not append_errors and not loop_errors
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
+    assert isinstance(run.result, dict)
     assert run.result["payload"] == {"key": 3, "n": 1}
     assert Event.objects.filter(stream_id=str(run.id), type=ev.STEP_RESUMED).count() == 1
     assert not RunWait.objects.exists()
