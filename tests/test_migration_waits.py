@@ -87,3 +87,66 @@ def test_a_waiting_run_keeps_its_wait_across_the_migration_and_is_woken_after_it
     assert run.status == RunStatus.COMPLETED
     assert run.result == {"refund": 7, "by": "ops"}
     assert not RunWait.objects.exists()
+
+
+def test_waits_in_branches_and_of_the_run_itself_both_survive_back_and_forth(registry):
+    """Branch waits were rows before the migration and stay rows across both
+    directions; a run's own wait goes to its columns and comes back; each
+    run is woken by its events after the round trip."""
+    order = lambda ctx: ctx.event.payload["order"]  # noqa: E731
+    define_workflow(
+        "own",
+        trigger=on_event("own.placed"),
+        steps=[s.wait_for_event("own.paid", match={"payload.order": order}, name="paid")],
+    )
+    define_workflow(
+        "split",
+        trigger=on_event("split.placed"),
+        steps=[
+            s.parallel(
+                "both",
+                {
+                    "pay": [s.wait_for_event("split.paid", match={"payload.order": order})],
+                    "ship": [s.wait_for_event("split.shipped", match={"payload.order": order})],
+                },
+            )
+        ],
+    )
+    append_event("own-1", "own.placed", {"order": 1})
+    append_event("split-2", "split.placed", {"order": 2})
+    own = WorkflowRun.objects.get(workflow="own")
+    split = WorkflowRun.objects.get(workflow="split")
+    assert (own.status, split.status) == (RunStatus.WAITING_EVENT, RunStatus.WAITING)
+    fields = ("run_id", "branch", "event_type", "correlation_key", "match", "after", "gaps")
+    before = sorted(RunWait.objects.values_list(*fields), key=repr)
+    assert len(before) == 3
+    branch_rows = [row for row in before if row[0] == split.id]
+    assert len(branch_rows) == 2 and all(row[1] for row in branch_rows)
+
+    waits_one_way, previous = _migrations()
+    try:
+        call_command("migrate", APP, previous, verbosity=0)
+        # Back: the branches' rows are as they were, the own wait is in its columns.
+        state = MigrationExecutor(connection).loader.project_state((APP, previous))
+        OldWait = state.apps.get_model(APP, "RunWait")
+        left = sorted(
+            OldWait.objects.values_list(
+                "run_id", "branch", "event_type", "correlation_key", "match", "after", "gaps"
+            ),
+            key=repr,
+        )
+        assert left == sorted(branch_rows, key=repr)
+        Run = state.apps.get_model(APP, "WorkflowRun")
+        assert Run.objects.get(pk=own.id).awaited_event_type == "own.paid"
+        assert Run.objects.get(pk=split.id).awaited_event_type == ""
+    finally:
+        call_command("migrate", APP, verbosity=0)
+
+    assert sorted(RunWait.objects.values_list(*fields), key=repr) == before
+    append_event("pay-1", "own.paid", {"order": 1})
+    append_event("pay-2", "split.paid", {"order": 2})
+    append_event("ship-2", "split.shipped", {"order": 2})
+    own.refresh_from_db()
+    split.refresh_from_db()
+    assert (own.status, split.status) == (RunStatus.COMPLETED, RunStatus.COMPLETED)
+    assert not RunWait.objects.exists()

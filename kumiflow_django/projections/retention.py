@@ -55,6 +55,7 @@ from kumiflow_django.projections.runs import FINISHED, RUNS, WorkflowRun
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.tasks import OPEN as OPEN_TASKS
 from kumiflow_django.projections.tasks import TASKS
+from kumiflow_django.projections.waits import RunWait
 from kumiflow_django.store import archive, clock, db, locks
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.immutability import erasure_permit
@@ -371,6 +372,9 @@ class Retention:
                 report.owned[name] += manager.filter(pk__in=part).delete()[0]
         for ids in _chunks([run.id for run in going]):
             attribute_index.forget(ids)
+            # A finished run has no wait; a row an older release left (a child
+            # cancelled without its waits) must not outlive its run.
+            RunWait.objects.filter(run_id__in=ids).delete()
             WorkflowRun.objects.filter(pk__in=ids).delete()
         return events
 
