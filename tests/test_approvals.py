@@ -68,6 +68,7 @@ def test_an_approved_run_continues_with_the_decision_as_the_step_result(refunds)
         ("approve", {"colour": "red"}, "declares no field 'colour'"),
         ("approve", {"amount": "12"}, "must be int, not str"),
         ("approve", {"amount": True}, "must be int, not bool"),
+        ("approve", {"note": "a\x00b"}, "must not contain NUL"),
     ],
 )
 def test_a_decision_the_approval_does_not_declare_is_refused(refunds, choice, fields, message):
