@@ -194,3 +194,52 @@ def test_a_segment_that_fails_after_set_attributes_writes_none_of_them(registry)
     assert run.attributes == {"customer": "C-1"}
     assert index(run) == {"customer": "C-1"}
     assert "attributes-set" not in types(run)
+
+
+def test_a_restarted_run_keeps_the_attributes_its_kept_steps_set(registry, clock):
+    from kumiflow_django import restart_run
+    from kumiflow_django.testing import run_until_idle
+
+    broken = {"yes": True}
+
+    def ship(ctx):
+        if broken["yes"]:
+            raise RuntimeError("carrier down")
+        return "shipped"
+
+    define_workflow(
+        "attr-restart",
+        attributes={"customer": lambda ctx: ctx.trigger.payload["customer"]},
+        steps=[
+            s.set_attributes(tier="gold", customer="C-2"),
+            s.wait("PT1H"),
+            s.set_attributes(stage="shipping"),
+            s.compute("ship", ship),
+        ],
+    )
+    old = start_workflow("attr-restart", payload={"customer": "C-1"})
+    clock.advance(hours=2)
+    run_until_idle(dispatch=False)
+    old.refresh_from_db()
+    assert old.status == RunStatus.FAILED
+    assert old.attributes == {"customer": "C-2", "tier": "gold"}  # the failed segment's are not
+
+    broken["yes"] = False
+    new = restart_run(old.id, from_step="1", reason="carrier back")
+    assert new.attributes == {"customer": "C-2", "tier": "gold"}
+    assert index(new) == {"customer": "C-2", "tier": "gold"}
+    assert set(find_runs(tier="gold")) == {old, new}
+    started = run_events(new)[0]
+    assert started.payload["attributes"] == {"customer": "C-2", "tier": "gold"}
+    assert started.payload["restart"]["attributes"] == [
+        {"step": "0", "attributes": {"tier": "gold", "customer": "C-2"}}
+    ]
+    fresh = restart_run(old.id, from_step="0")  # step 0 runs again: nothing carried
+    assert run_events(fresh)[0].payload["attributes"] == {"customer": "C-1"}
+    assert "attributes" not in run_events(fresh)[0].payload["restart"]
+    clock.advance(hours=2)
+    run_until_idle(dispatch=False)
+    new.refresh_from_db()
+    assert new.status == RunStatus.COMPLETED
+    again = restart_run(new.id, from_step="3")  # a restart of a restart carries them on
+    assert again.attributes == {"customer": "C-2", "tier": "gold", "stage": "shipping"}

@@ -243,6 +243,8 @@ class _History:
     #: The step a failed segment began at, or a cancelled run waited at.
     failed_at: str | None
     restarts: int
+    #: Each committed ``set_attributes`` change, in order: (step path, changes).
+    attributes: list[tuple[str, dict[str, Any]]]
 
 
 def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
@@ -252,6 +254,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
     failed_at: str | None = None
     restarts = 0
     segment_began: list[Any] | None = None
+    attributes: list[tuple[str, dict[str, Any]]] = []
     for event in events:
         p = event.payload if isinstance(event.payload, dict) else {}
         if event.type == ev.RUN_STARTED:
@@ -260,6 +263,10 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
                 state = copy.deepcopy(restart["state"])
                 results = dict(state.get("steps") or {})
                 segment_began = restart.get("cursor")
+                attributes = [(a["step"], a["attributes"]) for a in restart.get("attributes") or []]
+        elif event.type == ev.RUN_ATTRIBUTES_SET:
+            if isinstance(p.get("step"), str) and isinstance(p.get("attributes"), dict):
+                attributes.append((p["step"], p["attributes"]))
         elif event.type == ev.RUN_RESTARTED:
             restarts += 1
         elif event.type in _COMMITTED:
@@ -281,7 +288,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             # the state there is committed, the step can run anew.
             began = segment_began if segment_began else [0]
             failed_at = path_text(began) if began and began[0] != "$compensate" else None
-    return _History(list(committed), state, results, failed_at, restarts)
+    return _History(list(committed), state, results, failed_at, restarts, attributes)
 
 
 def _not_kept(value: Any) -> bool:
@@ -642,6 +649,11 @@ def restart_run(
                 definition=definition,
                 by=by,
                 reason=reason,
+                attributes=tuple(
+                    (step, changes)
+                    for step, changes in history.attributes
+                    if _before(parse_path(step), cursor)
+                ),
             ),
             run_id=new_id,
         )
