@@ -167,3 +167,16 @@ def test_markup_in_attribute_values_is_escaped_in_the_inbox_and_the_run_list(
         reverse("admin:kumiflow_workflowrun_change", args=[run.pk])
     ).content.decode()
     assert "<script>alert(1)</script>" not in page
+
+
+def test_the_run_pages_attribute_link_finds_a_value_with_spaces_at_its_end(admin_client, refunds):
+    spaced = start_workflow("inbox-refund", payload={"customer": "C 9 "})
+    start_workflow("inbox-refund", payload={"customer": "C 9"})
+    page = admin_client.get(
+        reverse("admin:kumiflow_workflowrun_change", args=[spaced.pk])
+    ).content.decode()
+    assert "attr=customer%3AC+9+" in page
+    runs = reverse("admin:kumiflow_workflowrun_changelist")
+    response = admin_client.get(runs, {"attr": "customer:C 9 "})
+    assert response.context["cl"].result_count == 1
+    assert str(spaced.pk)[:8] in response.content.decode()

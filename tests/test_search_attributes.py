@@ -243,3 +243,24 @@ def test_a_restarted_run_keeps_the_attributes_its_kept_steps_set(registry, clock
     assert new.status == RunStatus.COMPLETED
     again = restart_run(new.id, from_step="3")  # a restart of a restart carries them on
     assert again.attributes == {"customer": "C-2", "tier": "gold", "stage": "shipping"}
+
+
+@pytest.mark.parametrize("value", [None, 1.5, ["C-1"], {"id": 1}])
+def test_find_runs_refuses_a_value_no_attribute_can_have(orders, value):
+    place(1, "None")
+    with pytest.raises(ValueError, match="a string, an integer"):
+        find_runs(customer=value)
+
+
+def test_attributes_at_their_limits_are_indexed_and_found(registry):
+    name = "n" * limits.ATTRIBUTE_NAME
+    define_workflow(
+        "attr-limits",
+        attributes={name: lambda ctx: "v" * limits.ATTRIBUTE_VALUE, "big": 2**53 - 1},
+        steps=[s.set_attributes(small=-(2**53 - 1), flag=False)],
+    )
+    run = start_workflow("attr-limits")
+    assert index(run)[name] == "v" * limits.ATTRIBUTE_VALUE
+    assert list(find_runs(**{name: "v" * limits.ATTRIBUTE_VALUE})) == [run]
+    assert list(find_runs(big=2**53 - 1, small=-(2**53 - 1), flag=False)) == [run]
+    assert list(find_runs(flag="false")) == [run]  # text compares: False is "false"
