@@ -144,3 +144,14 @@ def test_an_approval_in_a_parallel_branch_is_refused_when_the_workflow_is_define
     define_workflow(
         "loop-approval", steps=[s.for_each(lambda ctx: [1, 2], "n", do=[s.approval("manager")])]
     )
+
+
+def test_a_plain_wait_for_the_decision_event_is_refused_when_the_workflow_is_defined(registry):
+    # It would sit in the inbox as an approval nobody can decide, or watch
+    # another run's decisions through its match.
+    with pytest.raises(WorkflowDefinitionError, match=r"steps\.approval"):
+        define_workflow(
+            "peek-approval",
+            steps=[s.wait_for_event(ev.APPROVAL_DECIDED, match={"stream_id": "another-run"})],
+        )
+    assert not waiting_approvals().exists()
