@@ -264,3 +264,25 @@ def test_attributes_at_their_limits_are_indexed_and_found(registry):
     assert list(find_runs(**{name: "v" * limits.ATTRIBUTE_VALUE})) == [run]
     assert list(find_runs(big=2**53 - 1, small=-(2**53 - 1), flag=False)) == [run]
     assert list(find_runs(flag="false")) == [run]  # text compares: False is "false"
+
+
+def test_a_filter_compares_values_exactly_on_every_database(registry):
+    # MariaDB's collations compare text ignoring case, accents and trailing
+    # spaces: the index finds the candidates, the comparison is exact.
+    define_workflow(
+        "attr-exact",
+        attributes={"customer": lambda ctx: ctx.trigger.payload["c"]},
+        steps=[s.wait("PT1H")],
+    )
+    runs = {
+        c: start_workflow("attr-exact", payload={"c": c}) for c in ["ABC", "abc", "ÂBC", "ABC "]
+    }
+    for c, run in runs.items():
+        assert list(find_runs(customer=c)) == [run], c
+    assert list(WorkflowRun.objects.with_attribute(customer="Abc")) == []
+
+
+def test_an_attribute_name_is_lower_case(registry):
+    # Names that differ only in case would be one name to MariaDB's index.
+    with pytest.raises(WorkflowDefinitionError, match="lower-case"):
+        define_workflow("attr-case", attributes={"Customer": "a"}, steps=[s.return_(1)])
