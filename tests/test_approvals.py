@@ -155,3 +155,16 @@ def test_a_plain_wait_for_the_decision_event_is_refused_when_the_workflow_is_def
             steps=[s.wait_for_event(ev.APPROVAL_DECIDED, match={"stream_id": "another-run"})],
         )
     assert not waiting_approvals().exists()
+
+
+def test_a_decision_is_checked_against_the_runs_own_definition(registry):
+    define_workflow("versioned-approval", version="1", steps=[s.approval("manager")])
+    define_workflow(
+        "versioned-approval",
+        version="2",
+        steps=[s.approval("manager", choices=["approve", "decline", "escalate"])],
+    )
+    run = start_workflow("versioned-approval", version="1")
+    with pytest.raises(InvalidApproval, match="not one of its choices"):
+        decide_approval(run.id, "escalate", by="alice")
+    assert decide_approval(run.id, "approve", by="alice").status == RunStatus.COMPLETED
