@@ -95,7 +95,8 @@ def test_unicode_in_a_field_is_kept(token_client, refunds):
         f"{API}runs/{run.id}/approve/", {"choice": "approve", "fields": {"note": "ça va ✓ 🎉\t"}}
     )
     assert response.status_code == 200, response.content
-    assert WorkflowRun.objects.get(pk=run.id).result["fields"]["note"] == "ça va ✓ 🎉\t"
+    result = WorkflowRun.objects.get(pk=run.id).result
+    assert result is not None and result["fields"]["note"] == "ça va ✓ 🎉\t"
 
 
 def test_a_second_decision_is_a_409(token_client, refunds):
