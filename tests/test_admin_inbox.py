@@ -120,3 +120,63 @@ def test_the_run_list_filters_by_attribute_and_refuses_a_malformed_filter(admin_
     ).content.decode()
     assert 'id="kf-attributes"' in page and "attr=customer%3AC-17" in page
     assert 'id="kf-approval-wait"' in page  # the wait panel points to the inbox
+
+
+def test_a_reason_too_long_is_refused_not_cut(client, refunds):
+    client.force_login(staff_with("decide_approval_workflowrun"))
+    run = refunds["refund"]
+    response = client.post(
+        reverse(INBOX),
+        {"run": str(run.pk), "approval": "manager", "choice": "approve", "reason": "x" * 1001},
+        follow=True,
+    )
+    assert "reason is longer than" in response.content.decode()
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING_EVENT
+    assert not Event.objects.filter(type=ev.APPROVAL_DECIDED).exists()
+
+
+def test_a_decision_without_the_csrf_token_is_refused(refunds):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff_with("decide_approval_workflowrun"))
+    run = refunds["refund"]
+    response = client.post(reverse(INBOX), {"run": str(run.pk), "choice": "approve"})
+    assert response.status_code == 403
+    assert not Event.objects.filter(type=ev.APPROVAL_DECIDED).exists()
+
+
+def test_markup_in_attribute_values_is_escaped_in_the_inbox_and_the_run_list(
+    admin_client, registry
+):
+    define_workflow(
+        "inbox-xss",
+        attributes={"customer": lambda ctx: ctx.trigger.payload["customer"]},
+        steps=[s.approval("manager", fields={"note": str})],
+    )
+    run = start_workflow("inbox-xss", payload={"customer": "<script>alert(1)</script>"})
+    inbox = admin_client.get(reverse(INBOX)).content.decode()
+    assert "<script>alert(1)</script>" not in inbox and "&lt;script&gt;" in inbox
+    listed = admin_client.get(
+        reverse("admin:kumiflow_workflowrun_changelist"),
+        {"attr": "customer:<script>alert(1)</script>"},
+    ).content.decode()
+    assert "<script>alert(1)</script>" not in listed
+    page = admin_client.get(
+        reverse("admin:kumiflow_workflowrun_change", args=[run.pk])
+    ).content.decode()
+    assert "<script>alert(1)</script>" not in page
+
+
+def test_the_run_pages_attribute_link_finds_a_value_with_spaces_at_its_end(admin_client, refunds):
+    spaced = start_workflow("inbox-refund", payload={"customer": "C 9 "})
+    start_workflow("inbox-refund", payload={"customer": "C 9"})
+    page = admin_client.get(
+        reverse("admin:kumiflow_workflowrun_change", args=[spaced.pk])
+    ).content.decode()
+    assert "attr=customer%3AC+9+" in page
+    runs = reverse("admin:kumiflow_workflowrun_changelist")
+    response = admin_client.get(runs, {"attr": "customer:C 9 "})
+    assert response.context["cl"].result_count == 1
+    assert str(spaced.pk)[:8] in response.content.decode()

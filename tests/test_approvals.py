@@ -68,6 +68,7 @@ def test_an_approved_run_continues_with_the_decision_as_the_step_result(refunds)
         ("approve", {"colour": "red"}, "declares no field 'colour'"),
         ("approve", {"amount": "12"}, "must be int, not str"),
         ("approve", {"amount": True}, "must be int, not bool"),
+        ("approve", {"note": "a\x00b"}, "must not contain NUL"),
     ],
 )
 def test_a_decision_the_approval_does_not_declare_is_refused(refunds, choice, fields, message):
@@ -143,3 +144,27 @@ def test_an_approval_in_a_parallel_branch_is_refused_when_the_workflow_is_define
     define_workflow(
         "loop-approval", steps=[s.for_each(lambda ctx: [1, 2], "n", do=[s.approval("manager")])]
     )
+
+
+def test_a_plain_wait_for_the_decision_event_is_refused_when_the_workflow_is_defined(registry):
+    # It would sit in the inbox as an approval nobody can decide, or watch
+    # another run's decisions through its match.
+    with pytest.raises(WorkflowDefinitionError, match=r"steps\.approval"):
+        define_workflow(
+            "peek-approval",
+            steps=[s.wait_for_event(ev.APPROVAL_DECIDED, match={"stream_id": "another-run"})],
+        )
+    assert not waiting_approvals().exists()
+
+
+def test_a_decision_is_checked_against_the_runs_own_definition(registry):
+    define_workflow("versioned-approval", version="1", steps=[s.approval("manager")])
+    define_workflow(
+        "versioned-approval",
+        version="2",
+        steps=[s.approval("manager", choices=["approve", "decline", "escalate"])],
+    )
+    run = start_workflow("versioned-approval", version="1")
+    with pytest.raises(InvalidApproval, match="not one of its choices"):
+        decide_approval(run.id, "escalate", by="alice")
+    assert decide_approval(run.id, "approve", by="alice").status == RunStatus.COMPLETED

@@ -194,3 +194,95 @@ def test_a_segment_that_fails_after_set_attributes_writes_none_of_them(registry)
     assert run.attributes == {"customer": "C-1"}
     assert index(run) == {"customer": "C-1"}
     assert "attributes-set" not in types(run)
+
+
+def test_a_restarted_run_keeps_the_attributes_its_kept_steps_set(registry, clock):
+    from kumiflow_django import restart_run
+    from kumiflow_django.testing import run_until_idle
+
+    broken = {"yes": True}
+
+    def ship(ctx):
+        if broken["yes"]:
+            raise RuntimeError("carrier down")
+        return "shipped"
+
+    define_workflow(
+        "attr-restart",
+        attributes={"customer": lambda ctx: ctx.trigger.payload["customer"]},
+        steps=[
+            s.set_attributes(tier="gold", customer="C-2"),
+            s.wait("PT1H"),
+            s.set_attributes(stage="shipping"),
+            s.compute("ship", ship),
+        ],
+    )
+    old = start_workflow("attr-restart", payload={"customer": "C-1"})
+    clock.advance(hours=2)
+    run_until_idle(dispatch=False)
+    old.refresh_from_db()
+    assert old.status == RunStatus.FAILED
+    assert old.attributes == {"customer": "C-2", "tier": "gold"}  # the failed segment's are not
+
+    broken["yes"] = False
+    new = restart_run(old.id, from_step="1", reason="carrier back")
+    assert new.attributes == {"customer": "C-2", "tier": "gold"}
+    assert index(new) == {"customer": "C-2", "tier": "gold"}
+    assert set(find_runs(tier="gold")) == {old, new}
+    started = run_events(new)[0]
+    assert started.payload["attributes"] == {"customer": "C-2", "tier": "gold"}
+    assert started.payload["restart"]["attributes"] == [
+        {"step": "0", "attributes": {"tier": "gold", "customer": "C-2"}}
+    ]
+    fresh = restart_run(old.id, from_step="0")  # step 0 runs again: nothing carried
+    assert run_events(fresh)[0].payload["attributes"] == {"customer": "C-1"}
+    assert "attributes" not in run_events(fresh)[0].payload["restart"]
+    clock.advance(hours=2)
+    run_until_idle(dispatch=False)
+    new.refresh_from_db()
+    assert new.status == RunStatus.COMPLETED
+    again = restart_run(new.id, from_step="3")  # a restart of a restart carries them on
+    assert again.attributes == {"customer": "C-2", "tier": "gold", "stage": "shipping"}
+
+
+@pytest.mark.parametrize("value", [None, 1.5, ["C-1"], {"id": 1}])
+def test_find_runs_refuses_a_value_no_attribute_can_have(orders, value):
+    place(1, "None")
+    with pytest.raises(ValueError, match="a string, an integer"):
+        find_runs(customer=value)
+
+
+def test_attributes_at_their_limits_are_indexed_and_found(registry):
+    name = "n" * limits.ATTRIBUTE_NAME
+    define_workflow(
+        "attr-limits",
+        attributes={name: lambda ctx: "v" * limits.ATTRIBUTE_VALUE, "big": 2**53 - 1},
+        steps=[s.set_attributes(small=-(2**53 - 1), flag=False)],
+    )
+    run = start_workflow("attr-limits")
+    assert index(run)[name] == "v" * limits.ATTRIBUTE_VALUE
+    assert list(find_runs(**{name: "v" * limits.ATTRIBUTE_VALUE})) == [run]
+    assert list(find_runs(big=2**53 - 1, small=-(2**53 - 1), flag=False)) == [run]
+    assert list(find_runs(flag="false")) == [run]  # text compares: False is "false"
+
+
+def test_a_filter_compares_values_exactly_on_every_database(registry):
+    # MariaDB's collations compare text ignoring case, accents and trailing
+    # spaces: the index finds the candidates, the comparison is exact.
+    define_workflow(
+        "attr-exact",
+        attributes={"customer": lambda ctx: ctx.trigger.payload["c"]},
+        steps=[s.wait("PT1H")],
+    )
+    runs = {
+        c: start_workflow("attr-exact", payload={"c": c}) for c in ["ABC", "abc", "ÂBC", "ABC "]
+    }
+    for c, run in runs.items():
+        assert list(find_runs(customer=c)) == [run], c
+    assert list(WorkflowRun.objects.with_attribute(customer="Abc")) == []
+
+
+def test_an_attribute_name_is_lower_case(registry):
+    # Names that differ only in case would be one name to MariaDB's index.
+    with pytest.raises(WorkflowDefinitionError, match="lower-case"):
+        define_workflow("attr-case", attributes={"Customer": "a"}, steps=[s.return_(1)])

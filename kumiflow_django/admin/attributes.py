@@ -27,7 +27,9 @@ class AttributeFilter(InputFilter):
     field = ""
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        raw = (self.value() or "").strip()
+        # Only leading blanks go: a value may end with spaces (the run page's
+        # links keep them), and no name begins with one.
+        raw = (self.value() or "").lstrip()
         if not raw:
             return queryset
         try:

@@ -30,7 +30,6 @@ from kumiflow_django.engine.approvals import (
     waiting_approvals,
 )
 from kumiflow_django.projections.runs import WorkflowRun
-from kumiflow_django.store import limits
 from kumiflow_django.store.errors import KumiflowError
 
 if TYPE_CHECKING:
@@ -86,7 +85,7 @@ def inbox_view(model_admin: ReadOnlyAdmin, request: HttpRequest) -> HttpResponse
                 request.POST.get("choice", ""),
                 fields=fields,
                 by=operator(request),
-                reason=request.POST.get("reason", "")[: limits.OPERATOR_REASON],
+                reason=request.POST.get("reason", ""),
                 approval=request.POST.get("approval") or None,
             )
         except (KumiflowError, ValueError) as exc:

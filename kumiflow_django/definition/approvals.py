@@ -115,5 +115,7 @@ def clean_decision(
             raise ValueError(
                 f"approval {name!r}: field {field!r} has at most {MAX_TEXT} characters"
             )
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError(f"approval {name!r}: field {field!r} must not contain NUL")
         cleaned[field] = value
     return str(choice), cleaned

@@ -30,7 +30,9 @@ MAX_PER_RUN = limits.ATTRIBUTES_PER_RUN
 #: reader of the API, too): 53 bits.
 MAX_INT = 2**53 - 1
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Lower case: names that differ only in case would be one name to an index
+#: whose collation ignores case (MariaDB's).
+_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def check_name(name: Any) -> str:
@@ -38,7 +40,7 @@ def check_name(name: Any) -> str:
     most MAX_NAME characters; ValueError otherwise."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(
-            f"a search attribute name must be identifier-like (letters, digits, _; "
+            f"a search attribute name must be lower-case identifier-like (a-z, digits, _; "
             f"not starting with a digit), not {name!r:.80}"
         )
     if len(name) > MAX_NAME:

@@ -81,8 +81,13 @@ def approval_of(run: WorkflowRun) -> Approval | None:
         return None
     if not registry.is_registered(run.workflow) or not run.cursor:
         return None
+    # The run's own definition where it is registered (another version may
+    # declare other choices); else the current one, which it would resume on.
+    workflow = registry.with_fingerprint(run.workflow, run.fingerprint) or registry.get(
+        run.workflow
+    )
     try:
-        step = registry.get(run.workflow).step_at(list(run.cursor))
+        step = workflow.step_at(list(run.cursor))
     except (LookupError, IndexError, TypeError, ValueError):
         return None
     declared = step.args.get("approval") if step.kind == "wait_for_event" else None

@@ -246,9 +246,14 @@ class _History:
     #: The step a failed segment began at, or a cancelled run waited at.
     failed_at: str | None
     restarts: int
+<<<<<<< HEAD
     #: The results a restart carried into this run (their steps ran in the run
     #: it restarted, not in this one's segments).
     inherited: list[str] = field(default_factory=list)
+=======
+    #: Each committed ``set_attributes`` change, in order: (step path, changes).
+    attributes: list[tuple[str, dict[str, Any]]]
+>>>>>>> h12
 
 
 def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
@@ -259,6 +264,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
     restarts = 0
     inherited: list[str] = []
     segment_began: list[Any] | None = None
+    attributes: list[tuple[str, dict[str, Any]]] = []
     for event in events:
         p = event.payload if isinstance(event.payload, dict) else {}
         if event.type == ev.RUN_STARTED:
@@ -268,6 +274,10 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
                 results = dict(state.get("steps") or {})
                 inherited = list(results)
                 segment_began = restart.get("cursor")
+                attributes = [(a["step"], a["attributes"]) for a in restart.get("attributes") or []]
+        elif event.type == ev.RUN_ATTRIBUTES_SET:
+            if isinstance(p.get("step"), str) and isinstance(p.get("attributes"), dict):
+                attributes.append((p["step"], p["attributes"]))
         elif event.type == ev.RUN_RESTARTED:
             restarts += 1
         elif event.type in _COMMITTED:
@@ -289,7 +299,11 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             # the state there is committed, the step can run anew.
             began = segment_began if segment_began else [0]
             failed_at = path_text(began) if began and began[0] != "$compensate" else None
+<<<<<<< HEAD
     return _History(list(committed), state, results, failed_at, restarts, inherited)
+=======
+    return _History(list(committed), state, results, failed_at, restarts, attributes)
+>>>>>>> h12
 
 
 def _not_kept(value: Any) -> bool:
@@ -698,6 +712,11 @@ def restart_run(
                 definition=definition,
                 by=by,
                 reason=reason,
+                attributes=tuple(
+                    (step, changes)
+                    for step, changes in history.attributes
+                    if _before(parse_path(step), cursor)
+                ),
             ),
             run_id=new_id,
         )

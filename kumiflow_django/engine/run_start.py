@@ -30,7 +30,7 @@ from typing import Any
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition import matching
-from kumiflow_django.definition.attributes import resolve_all
+from kumiflow_django.definition.attributes import merged, resolve_all
 from kumiflow_django.definition.context import (
     Context,
     RunInfo,
@@ -44,7 +44,7 @@ from kumiflow_django.engine import admission
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps, current_depth, keyed_run
 from kumiflow_django.flow.admission import Pending
-from kumiflow_django.store import db, telemetry
+from kumiflow_django.store import db, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.values import clean_text
@@ -85,6 +85,9 @@ class RestartFrom:
     definition: str
     by: str = ""
     reason: str = ""
+    #: The ``set_attributes`` changes of the steps before ``cursor``, in order
+    #: ((step path, changes)): the new run carries them, as it carries results.
+    attributes: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     def payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -94,6 +97,10 @@ class RestartFrom:
             "state": self.state,
             "definition": self.definition,
         }
+        if self.attributes:
+            payload["attributes"] = [
+                {"step": step, "attributes": changes} for step, changes in self.attributes
+            ]
         if self.by:
             payload["by"] = self.by
         if self.reason:
@@ -147,7 +154,7 @@ class RunStart:
                 f"workflows started workflows {current_depth()} levels deep in one transaction "
                 f"(KUMIFLOW_MAX_START_DEPTH={settings.MAX_START_DEPTH})",
             )
-        if reason is None and workflow.attributes:
+        if reason is None and (workflow.attributes or self.restart and self.restart.attributes):
             try:
                 attributes = self._attributes()
             except Failure as unresolved:
@@ -220,7 +227,7 @@ class RunStart:
         )
         view = Context(event=self.trigger, run=info, state=new_state()).view
         try:
-            values = resolve_all(workflow.attributes, view)
+            values = resolve_all(workflow.attributes, view) if workflow.attributes else {}
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # user code: SystemExit fails the start like any error
@@ -230,7 +237,15 @@ class RunStart:
                 ev.ATTRIBUTE_FAILED,
                 clean_text(f"{type(exc).__name__} resolving a search attribute: {exc}", 600),
             ) from exc
-        return {k: v for k, v in values.items() if v is not None}
+        out: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
+        for _, changes in self.restart.attributes if self.restart else ():
+            out = merged(out, changes)
+        if len(out) > limits.ATTRIBUTES_PER_RUN:
+            raise Failure(
+                ev.ATTRIBUTE_FAILED,
+                f"a run carries at most {limits.ATTRIBUTES_PER_RUN} search attributes ({len(out)})",
+            )
+        return out
 
     def _started(self) -> dict[str, Any]:
         """The ``run-started`` payload, before flow control adds its keys."""

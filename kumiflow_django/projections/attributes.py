@@ -19,10 +19,11 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
+from django.db.models import F, Func
 from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.definition.attributes import as_text
-from kumiflow_django.store import limits
+from kumiflow_django.store import db, limits
 from kumiflow_django.store.models import EngineManager
 
 if TYPE_CHECKING:
@@ -112,4 +113,11 @@ def forget(run_ids: Iterable[uuid.UUID]) -> int:
 def matching(name: str, value: str | int | bool) -> models.QuerySet[RunAttribute, Any]:
     """The ids of the runs whose attribute ``name`` has ``value`` (a subquery)."""
     text = value if isinstance(value, str) else as_text(value)
-    return RunAttribute.objects.filter(name=name, value=text).values("run_id")
+    qs = RunAttribute.objects.filter(name=name, value=text)
+    if not db.text_equality_is_exact():
+        # The index range finds the candidates its collation deems equal;
+        # the byte comparison keeps the exact ones ("abc" is not "ABC").
+        qs = qs.annotate(exact=Func(F("value"), template="BINARY %(expressions)s")).filter(
+            exact=text
+        )
+    return qs.values("run_id")

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from kumiflow_django.definition.attributes import check_name, merged
+from kumiflow_django.definition.attributes import check_name, check_value, merged
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections import attributes as attribute_index
@@ -84,6 +84,12 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
         """
         qs = self
         for name, value in values.items():
+            check_name(name)
+            if value is None or check_value(name, value) is None:
+                raise ValueError(
+                    f"search attribute {name!r}: a filter compares a string, an integer or "
+                    "a boolean, not None"
+                )
             qs = qs.filter(id__in=attribute_index.matching(name, value))
         return qs
 
@@ -618,8 +624,6 @@ def find_runs(
 ) -> WorkflowRunQuerySet:
     """Runs by their search attributes (``find_runs(customer="C-17")``),
     newest first; ``workflow`` and ``tenant`` narrow them further."""
-    for name in attributes:
-        check_name(name)
     qs = WorkflowRun.objects.with_attribute(**attributes)
     if workflow is not None:
         qs = qs.filter(workflow=workflow)

@@ -23,6 +23,7 @@ from kumiflow_django.definition.step import (
 )
 from kumiflow_django.steps.control import EventWait, Suspend
 from kumiflow_django.store import db
+from kumiflow_django.store import names as ev
 from kumiflow_django.store.log import check_event_type
 from kumiflow_django.store.values import to_json
 
@@ -36,6 +37,14 @@ class WaitForEventKind(StepKind):
         if not isinstance(event_type, str) or not event_type.strip():
             raise ValueError(f"wait_for_event needs an event type, not {event_type!r}")
         check_event_type(event_type, internal=True)
+        if event_type == ev.APPROVAL_DECIDED and "approval" not in step.args:
+            # Only a declared approval waits for a decision: a plain wait would
+            # be listed in the inbox with nothing to decide, or watch another
+            # run's decisions.
+            raise ValueError(
+                f"wait for {ev.APPROVAL_DECIDED} with steps.approval(...), which declares "
+                "its choices and fields"
+            )
         match = step.args["match"]
         if not isinstance(match, Mapping):
             raise ValueError("wait_for_event match must be a mapping of paths to values")

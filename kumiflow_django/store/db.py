@@ -198,6 +198,12 @@ def json_compares_text(using: Using = None) -> bool:
     return _vendor(using) == "mysql"
 
 
+def text_equality_is_exact(using: Using = None) -> bool:
+    """Whether ``=`` on a text column compares exactly: MariaDB's collations
+    ignore case, accents and trailing spaces."""
+    return _vendor(using) != "mysql"
+
+
 def uuid_prefix_is_a_range(using: Using = None) -> bool:
     """Whether the ids that start with a prefix are a range of the primary key:
     not on MariaDB's own UUID type, which orders a UUID by its last group first."""
