@@ -246,14 +246,11 @@ class _History:
     #: The step a failed segment began at, or a cancelled run waited at.
     failed_at: str | None
     restarts: int
-<<<<<<< HEAD
+    #: Each committed ``set_attributes`` change, in order: (step path, changes).
+    attributes: list[tuple[str, dict[str, Any]]]
     #: The results a restart carried into this run (their steps ran in the run
     #: it restarted, not in this one's segments).
     inherited: list[str] = field(default_factory=list)
-=======
-    #: Each committed ``set_attributes`` change, in order: (step path, changes).
-    attributes: list[tuple[str, dict[str, Any]]]
->>>>>>> h12
 
 
 def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
@@ -299,11 +296,7 @@ def _history(run: WorkflowRun, events: Iterable[Event]) -> _History:
             # the state there is committed, the step can run anew.
             began = segment_began if segment_began else [0]
             failed_at = path_text(began) if began and began[0] != "$compensate" else None
-<<<<<<< HEAD
-    return _History(list(committed), state, results, failed_at, restarts, inherited)
-=======
-    return _History(list(committed), state, results, failed_at, restarts, attributes)
->>>>>>> h12
+    return _History(list(committed), state, results, failed_at, restarts, attributes, inherited)
 
 
 def _not_kept(value: Any) -> bool:
