@@ -31,6 +31,9 @@ from kumiflow_django.store.errors import WorkflowDefinitionError
 from kumiflow_django.store.names import SETTLED, TASK_SETTLED
 
 START_MODES = ("inline", "deferred")
+#: What a run does when a step's retries ran out: ends failed, or is paused
+#: for an operator to resume (after a fix) or fail.
+ON_EXHAUSTED = ("fail", "pause")
 
 
 @dataclass(eq=False)
@@ -50,6 +53,9 @@ class Workflow:
     concurrency: Limit | None = None
     rate: Rate | None = None
     priority: int = 0
+    #: ``"fail"`` or ``"pause"`` (:data:`ON_EXHAUSTED`): not in the fingerprint,
+    #: a policy an operator may change under running runs.
+    on_exhausted: str = "fail"
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
@@ -217,6 +223,7 @@ def define_workflow(
     concurrency: Limit | None = None,
     rate: Rate | None = None,
     priority: int = 0,
+    on_exhausted: str = "fail",
     register: bool = True,
 ) -> Workflow:
     """Define (and register) a workflow.
@@ -230,6 +237,8 @@ def define_workflow(
     ``concurrency=Limit(key=..., max=N)``, ``rate=Rate(key=..., limit=N,
     per="PT1M")`` and ``priority`` (-100 to 100, higher first) are flow
     control: see docs/flow-control.md.
+    ``on_exhausted="pause"``: a run whose step's retries ran out is paused at
+    that step instead of failed (docs/operations.md).
     """
     if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
         raise WorkflowDefinitionError(
@@ -247,6 +256,10 @@ def define_workflow(
     if start_mode not in START_MODES:
         raise WorkflowDefinitionError(
             f"workflow {name!r}: start_mode must be one of {START_MODES}, not {start_mode!r}"
+        )
+    if on_exhausted not in ON_EXHAUSTED:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: on_exhausted must be one of {ON_EXHAUSTED}, not {on_exhausted!r}"
         )
     if version is not None and (
         isinstance(version, bool) or len(str(version)) > limits.WORKFLOW_VERSION
@@ -284,6 +297,7 @@ def define_workflow(
         concurrency=concurrency,
         rate=rate,
         priority=priority,
+        on_exhausted=on_exhausted,
     )
     cycle = child_cycle(
         workflow, lambda other: registry.get(other) if registry.is_registered(other) else None

@@ -9,9 +9,11 @@ Each model lives in the room of its concept: the event log in
 """
 
 from kumiflow_django.definition.snapshots import DefinitionSnapshot
+from kumiflow_django.engine.bulk import BulkOperation
 from kumiflow_django.flow.models import FlowKey, FlowLimit, RateBucket
 from kumiflow_django.http.models import ApiToken
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
+from kumiflow_django.projections.pauses import PausedScope
 from kumiflow_django.projections.runs import Compensation, RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
@@ -21,6 +23,7 @@ from kumiflow_django.store.models import Event
 
 __all__ = [
     "ApiToken",
+    "BulkOperation",
     "Compensation",
     "CronSchedule",
     "DefinitionSnapshot",
@@ -29,6 +32,7 @@ __all__ = [
     "Event",
     "FlowKey",
     "FlowLimit",
+    "PausedScope",
     "ProcessLock",
     "RunStatus",
     "RateBucket",

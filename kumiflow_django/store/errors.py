@@ -89,6 +89,10 @@ class InvalidRunState(KumiflowError):
     """The operation does not apply to a run in its current state."""
 
 
+class InvalidPauseState(KumiflowError):
+    """A workflow or tenant pause does not apply (paused already, not paused)."""
+
+
 class DispatchNotFound(KumiflowError, LookupError):
     """No dispatch with that id exists."""
 

@@ -36,6 +36,11 @@ COMPENSATION_STARTED = "kumiflow.workflow.compensation-started"
 RUN_ADMITTED = "kumiflow.workflow.run-admitted"
 #: A later event of a debounced burst: the run starts with it, later.
 RUN_DEBOUNCED = "kumiflow.workflow.run-debounced"
+#: An operator paused the run (or its retries ran out under
+#: ``on_exhausted="pause"``): no worker claims it until it is resumed.
+RUN_PAUSED = "kumiflow.workflow.run-paused"
+#: An operator resumed a paused run: it is claimed again when due.
+RUN_RESUMED = "kumiflow.workflow.run-resumed"
 
 RUN_EVENTS = frozenset(
     {
@@ -58,6 +63,8 @@ RUN_EVENTS = frozenset(
         COMPENSATION_STARTED,
         RUN_ADMITTED,
         RUN_DEBOUNCED,
+        RUN_PAUSED,
+        RUN_RESUMED,
     }
 )
 
@@ -130,6 +137,8 @@ STATE_TOO_LARGE = "state_too_large"
 TASK_FAILED_REASON = "task_failed"
 CHILD_FAILED_REASON = "child_failed"
 UNSTORABLE_STATE = "unstorable_state"
+#: An operator failed the run (``fail_run``).
+FAILED_BY_OPERATOR = "failed_by_operator"
 #: A key resolver of the workflow's concurrency limit or rate raised (or
 #: returned something that is not a short string): the run never started.
 FLOW_KEY_FAILED = "flow_key_failed"
@@ -156,3 +165,12 @@ CRON_EVENTS = frozenset(
         CRON_DISABLED,
     }
 )
+
+#: Paused scopes: one stream per workflow or tenant an operator paused
+#: (``pause:workflow:<name>``, ``pause:tenant:<id>``).
+PAUSE_STREAM = "pause-scope"
+PAUSE_STREAM_PREFIX = "pause:"
+SCOPE_PAUSED = "kumiflow.pause.scope-paused"
+SCOPE_RESUMED = "kumiflow.pause.scope-resumed"
+
+PAUSE_EVENTS = frozenset({SCOPE_PAUSED, SCOPE_RESUMED})
