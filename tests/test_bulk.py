@@ -112,3 +112,13 @@ def test_preflight_counts_without_changing_anything(waiting):
     assert bulk.preflight("cancel", {"workflow": "slow", "tenant": "default"}) == 7
     assert bulk.preflight("cancel", {"status": ["waiting", "completed"]}) == 8
     assert WorkflowRun.objects.filter(status=RunStatus.CANCELLED).count() == 0
+
+
+def test_the_workers_bulk_loop_works_through_a_recorded_operation(waiting):
+    from kumiflow_django.workers.bulk import BulkLoop
+
+    operation = bulk_runs("cancel", filters={"workflow": "slow"}, batch_size=2, run=False)
+    assert BulkLoop().run_once() == 7
+    operation.refresh_from_db()
+    assert (operation.status, operation.done, operation.lease_until) == ("done", 7, None)
+    assert BulkLoop().run_once() == 0  # nothing unfinished

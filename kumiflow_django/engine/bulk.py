@@ -267,9 +267,15 @@ def continue_bulk(
     next call continues it). Two callers at once take turns per batch (the
     operation's row is locked with its batch) and never do a run twice."""
     deadline = None if budget is None else time.monotonic() + budget
+    pk = uuid.UUID(str(operation_id))
     while True:
-        operation, more = _batch(uuid.UUID(str(operation_id)), lease_seconds)
-        if not more or (deadline is not None and time.monotonic() >= deadline):
+        operation, more = _batch(pk, lease_seconds)
+        if not more:
+            return operation
+        if deadline is not None and time.monotonic() >= deadline:
+            # Left for the next call (this process's or another's): no lease to wait out.
+            BulkOperation.objects.filter(pk=pk).update(lease_until=None)
+            operation.lease_until = None
             return operation
 
 
