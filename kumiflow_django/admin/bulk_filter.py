@@ -45,14 +45,14 @@ def filters_of(request: HttpRequest) -> tuple[dict[str, Any], list[str]]:
     """The bulk filter of the list's query string, and the filters it cannot take."""
     filters: dict[str, Any] = {}
     unsupported = []
-    for name, value in request.GET.items():
+    for name in request.GET:
+        text = str(request.GET.get(name, "")).strip()
         if name in LIST_FILTERS:
-            if value.strip():
-                text = value.strip()
+            if text:
                 filters[LIST_FILTERS[name]] = text == "1" if name == "paused__exact" else text
         elif name == "children":
             continue
-        elif name not in _IGNORED and value.strip():
+        elif name not in _IGNORED and text:
             unsupported.append(name)
     shown = request.GET.get("children") == "yes" or "parent" in filters
     if not shown:

@@ -24,7 +24,9 @@ RETRY = "kumiflow.retry_workflowrun"
 WAKE = "kumiflow.wake_workflowrun"
 START = "kumiflow.start_workflowrun"
 APPEND = "kumiflow.append_event"
-API_PERMISSIONS = (VIEW, START, APPEND, CANCEL, RETRY, WAKE)
+PAUSE = "kumiflow.pause_workflowrun"
+FAIL = "kumiflow.fail_workflowrun"
+API_PERMISSIONS = (VIEW, START, APPEND, CANCEL, RETRY, WAKE, PAUSE, FAIL)
 
 #: Tokens start with this, so that a leaked one is recognisable (secret scanners).
 PREFIX = "kf_"

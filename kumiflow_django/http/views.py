@@ -54,6 +54,14 @@ HANDLERS: dict[str, Handler] = {
     "retryRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "retry", c.body)),
     "wakeRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "wake", c.body)),
     "appendEvent": lambda c: (201, service.append(c.principal, c.body)),
+    "pauseRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "pause", c.body)),
+    "resumeRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "resume", c.body)),
+    "failRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "fail", c.body)),
+    "bulkRuns": lambda c: service.bulk(c.principal, c.body),
+    "getBulkOperation": lambda c: (
+        200,
+        service.get_bulk(c.principal, c.path["operation_id"]),
+    ),
 }
 
 
