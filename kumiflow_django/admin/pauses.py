@@ -98,7 +98,7 @@ class PausedScopeAdmin(ReadOnlyAdmin):
 
     @admin.display(description="state", ordering="paused")
     def state(self, scope: PausedScope) -> SafeString:
-        return badge("cancelled", "paused") if scope.paused else badge("completed", "resumed")
+        return badge("paused", "paused") if scope.paused else badge("completed", "resumed")
 
     @admin.display(description="paused", ordering="paused_at")
     def since(self, scope: PausedScope) -> SafeString | str:

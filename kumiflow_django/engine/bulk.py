@@ -314,19 +314,7 @@ def _do_batch(
         batch = list(runs.order_by("pk").only(*_REFUSE_COLUMNS)[: operation.batch_size])
         now = clock.now()
         if not batch:
-            operation.status = BulkStatus.DONE
-            operation.finished_at = now
-            operation.lease_until = None
-            operation.updated_at = now
-            operation.save()
-            logger.info(
-                "bulk %s %s done: %d done, %d skipped, %d errors",
-                operation.id,
-                operation.action,
-                operation.done,
-                operation.skipped,
-                operation.errors,
-            )
+            _finish(operation, now)
             return operation, False
         operation.lease_until = now + timedelta(seconds=lease_seconds)
         if per_run:  # the lock of the operation's row ends here: each run commits alone
@@ -341,15 +329,40 @@ def _do_batch(
                 _progress(operation, run.pk, now)
         else:
             _one(operation, run, refuse, operate, per_run=False)
+    last = len(batch) < operation.batch_size  # nothing after it: done with this batch
     if not per_run:
-        _progress(operation, batch[-1].pk, now)
-    return operation, True
+        if last:
+            operation.cursor = batch[-1].pk
+            _finish(operation, now)
+        else:
+            _progress(operation, batch[-1].pk, now)
+    elif last:
+        with db.atomic():
+            operation = for_update(BulkOperation.objects.filter(pk=operation_id)).get()
+            _finish(operation, now)
+    return operation, not last
 
 
 def _progress(operation: BulkOperation, cursor: uuid.UUID, now: datetime) -> None:
     operation.cursor = cursor
     operation.updated_at = now
     operation.save()
+
+
+def _finish(operation: BulkOperation, now: datetime) -> None:
+    operation.status = BulkStatus.DONE
+    operation.finished_at = now
+    operation.lease_until = None
+    operation.updated_at = now
+    operation.save()
+    logger.info(
+        "bulk %s %s done: %d done, %d skipped, %d errors",
+        operation.id,
+        operation.action,
+        operation.done,
+        operation.skipped,
+        operation.errors,
+    )
 
 
 def _one(
