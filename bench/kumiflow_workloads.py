@@ -858,8 +858,8 @@ def _w13_sql(vendor: str, n: int) -> str:
 def w13(db: str) -> dict[str, Any]:
     """``bulk_runs("cancel", filters={"workflow": ...})`` on 100,000 waiting runs:
     the time, this process's peak memory, and the longest transaction (each
-    batch is one; timed here on every database, and sampled from
-    pg_stat_activity on PostgreSQL). Every run gets its own run-cancelled
+    run is one, with the operation's cursor; timed here on every database,
+    and sampled from pg_stat_activity on PostgreSQL). Every run gets its own run-cancelled
     event through ``cancel_run``, with the operator and the reason."""
     url = database_url(db, "kumiflow_bench_w13")
     setup_django(url)
@@ -877,17 +877,17 @@ def w13(db: str) -> dict[str, Any]:
     release_freed_memory()
     rss_before = proc_status(os.getpid())["VmRSS"]
     clear_peak_rss()
-    batches: list[float] = []
-    real = bulk._batch
+    transactions: list[float] = []
+    real = bulk._run_one
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         begin = time.perf_counter()
         try:
             return real(*args, **kwargs)
         finally:
-            batches.append((time.perf_counter() - begin) * 1000)
+            transactions.append((time.perf_counter() - begin) * 1000)
 
-    bulk._batch = timed  # type: ignore[assignment]
+    bulk._run_one = timed  # type: ignore[assignment]
     sampler = _LongestTransaction(url) if db == "postgresql" else contextlib.nullcontext()
     began = time.perf_counter()
     with sampler:
@@ -895,12 +895,12 @@ def w13(db: str) -> dict[str, Any]:
             "cancel", filters={"workflow": "bench-w13"}, reason="bench W13", by="bench"
         )
     elapsed = time.perf_counter() - began
-    bulk._batch = real  # type: ignore[assignment]
+    bulk._run_one = real  # type: ignore[assignment]
     cancelled = Event.objects.filter(type="kumiflow.workflow.run-cancelled").count()
     result: dict[str, Any] = {
         "runs": n,
         "done": operation.done,
-        "skipped": operation.skipped,
+        "runs_skipped": operation.skipped,
         "errors": operation.errors,
         "events": cancelled,
         "batch_size": operation.batch_size,
@@ -908,8 +908,8 @@ def w13(db: str) -> dict[str, Any]:
         "runs_per_s": round(n / elapsed),
         "rss_before_mb": round(rss_before, 1),
         "peak_rss_mb": _own_peak_mb(),
-        "longest_batch_ms": round(max(batches), 1),
-        "median_batch_ms": round(median(batches), 1),
+        "longest_run_transaction_ms": round(max(transactions), 1),
+        "median_run_transaction_ms": round(median(transactions), 2),
     }
     if db == "postgresql":
         result["longest_transaction_ms"] = round(sampler.longest_ms, 1)  # type: ignore[union-attr]

@@ -78,7 +78,7 @@ def test_an_interrupted_operation_continues_at_its_cursor_and_does_no_run_twice(
     assert Event.objects.filter(type="kumiflow.workflow.run-cancelled").count() == 7
 
 
-def test_a_batch_that_breaks_commits_nothing_of_it(waiting, monkeypatch):
+def test_a_crash_mid_batch_keeps_what_was_done_and_does_nothing_twice(waiting, monkeypatch):
     operation = bulk_runs("cancel", filters={"workflow": "slow"}, batch_size=4, run=False)
     real = bulk.ACTIONS["cancel"]
     calls = {"n": 0}
@@ -92,10 +92,15 @@ def test_a_batch_that_breaks_commits_nothing_of_it(waiting, monkeypatch):
     monkeypatch.setitem(bulk.ACTIONS, "cancel", (real[0], cancel_then_crash))
     with pytest.raises(RuntimeError):
         continue_bulk(operation.id)
-    assert WorkflowRun.objects.filter(status=RunStatus.CANCELLED).count() == 0
-    assert BulkOperation.objects.get().cursor is None
+    # each run commits with the cursor: two done, the third rolled back with its cursor
+    assert WorkflowRun.objects.filter(status=RunStatus.CANCELLED).count() == 2
+    recorded = BulkOperation.objects.get()
+    assert recorded.done == 2
+    assert WorkflowRun.objects.get(pk=recorded.cursor).status == RunStatus.CANCELLED
     monkeypatch.setitem(bulk.ACTIONS, "cancel", real)
-    assert continue_bulk(operation.id).done == 7
+    resumed = continue_bulk(operation.id)
+    assert (resumed.status, resumed.done, resumed.skipped) == ("done", 7, 0)
+    assert Event.objects.filter(type="kumiflow.workflow.run-cancelled").count() == 7
 
 
 def test_filters_and_actions_are_checked():

@@ -117,3 +117,27 @@ def test_a_pause_waits_for_the_segment_in_flight_and_holds_the_next_one(registry
     clock.advance(minutes=2)
     assert ResumeLoop(threads=1).run_once() == 0
     connections.close_all()
+
+
+def test_two_processes_continuing_one_bulk_operation_do_each_run_once(registry, clock):
+    from kumiflow_django import bulk_runs, continue_bulk
+    from kumiflow_django.models import BulkOperation, Event
+
+    define_workflow("slow", steps=[s.wait("P1D"), s.return_("done")])
+    for _ in range(30):
+        start_workflow("slow")
+    operation = bulk_runs("cancel", filters={"workflow": "slow"}, batch_size=4, run=False)
+    barrier = threading.Barrier(2)
+
+    def work():
+        barrier.wait(30)
+        continue_bulk(operation.id)
+
+    threads = [in_thread(work) for _ in range(2)]
+    for thread, _ in threads:
+        thread.join(60)
+    assert not any(errors for _, errors in threads), threads
+    done = BulkOperation.objects.get()
+    assert (done.status, done.done, done.skipped, done.errors) == ("done", 30, 0, 0)
+    assert Event.objects.filter(type="kumiflow.workflow.run-cancelled").count() == 30
+    connections.close_all()
