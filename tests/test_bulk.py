@@ -95,7 +95,7 @@ def test_a_crash_mid_batch_keeps_what_was_done_and_does_nothing_twice(waiting, m
     # each run commits with the cursor: two done, the third rolled back with its cursor
     assert WorkflowRun.objects.filter(status=RunStatus.CANCELLED).count() == 2
     recorded = BulkOperation.objects.get()
-    assert recorded.done == 2
+    assert recorded.done == 2 and recorded.cursor is not None
     assert WorkflowRun.objects.get(pk=recorded.cursor).status == RunStatus.CANCELLED
     monkeypatch.setitem(bulk.ACTIONS, "cancel", real)
     resumed = continue_bulk(operation.id)
