@@ -281,3 +281,16 @@ def test_define_workflow_checks_on_exhausted(registry):
 
     with pytest.raises(WorkflowDefinitionError, match="on_exhausted must be one of"):
         define_workflow("x", on_exhausted="retry", steps=[s.return_(1)])
+
+
+def test_a_rebuild_keeps_what_was_paused(registry, clock):
+    from kumiflow_django.projections.rebuild import rebuild_all
+
+    _timer_workflow()
+    run = start_workflow("slow")
+    pause_run(run.id, reason="hold")
+    pause_workflow("slow", reason="deploy")
+    rebuild_all()
+    assert WorkflowRun.objects.get(pk=run.pk).paused
+    scope = PausedScope.objects.get()
+    assert (scope.name, scope.paused, scope.reason) == ("slow", True, "deploy")

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import models
 
-from kumiflow_django.projections import dispatches, runs, schedules, tasks, waits
+from kumiflow_django.projections import dispatches, pauses, runs, schedules, tasks, waits
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.user import projections
 from kumiflow_django.store import clock, db
@@ -93,6 +93,7 @@ def rebuild_all() -> dict[str, int]:
             ("dispatches", dispatches.DISPATCHES, ev.DISPATCH_EVENTS),
             ("schedules", schedules.SCHEDULES, ev.CRON_EVENTS),
             ("tasks", tasks.TASKS, ev.TASK_EVENTS),
+            ("paused scopes", pauses.PAUSES, ev.PAUSE_EVENTS),
         ]
         for name, stream, types in streams:
             stream.model._default_manager.all().delete()
