@@ -444,6 +444,8 @@ def _pause_scope(kind: str, name: str, *, reason: str, by: str, pause: bool) -> 
                 else:
                     payload, type_ = audited({}, by, reason), ev.SCOPE_RESUMED
                 saved = pauses.append(scope, kind, name, tenant, type_, payload, created_by=by)
+                pauses.forget_scopes()  # this process's starts see it at once
+                db.on_commit(pauses.forget_scopes)
                 if not pause:  # its due runs are claimed again: tell the resume loop
                     work_committed(WorkKind.RESUME, clock.now())
         except IntegrityError:

@@ -37,7 +37,7 @@ from kumiflow_django.engine import admission
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps, current_depth, keyed_run
 from kumiflow_django.flow.admission import Pending
-from kumiflow_django.projections.pauses import scope_paused
+from kumiflow_django.projections.pauses import start_paused
 from kumiflow_django.store import db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -129,7 +129,7 @@ class RunStart:
         steps = None
         inline = workflow.start_mode == "inline" and not held
         if inline:
-            paused = scope_paused(workflow.name, self.tenant)
+            paused = start_paused(workflow.name, self.tenant)
             if paused is not None:  # recorded, run once its workflow or tenant is resumed
                 started["mode"] = "deferred"
                 started["paused"] = paused

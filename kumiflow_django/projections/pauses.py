@@ -10,6 +10,8 @@ and resumed it, when and why.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
@@ -137,3 +139,40 @@ def scope_paused(workflow: str, tenant: str) -> str | None:
         .first()
     )
     return found
+
+
+#: How long a process trusts its last read of the paused scopes for a start
+#: (:func:`start_paused`): an inline start obeys a pause committed by another
+#: process within this many seconds. The claim and the resume never rely on it.
+START_CACHE_SECONDS = 1.0
+_cache: tuple[float, frozenset[tuple[str, str]]] | None = None
+_cache_lock = threading.Lock()
+
+
+def start_paused(workflow: str, tenant: str) -> str | None:
+    """:func:`scope_paused` for a start, from a read of every paused scope at
+    most :data:`START_CACHE_SECONDS` old (a start costs no query of its own:
+    there are few paused scopes, and most of the time none)."""
+    global _cache
+    now = time.monotonic()
+    with _cache_lock:
+        cached = _cache
+    if cached is None or now - cached[0] > START_CACHE_SECONDS:
+        rows = PausedScope.objects.filter(paused=True).values_list("kind", "name")
+        cached = (now, frozenset(rows))
+        with _cache_lock:
+            _cache = cached
+    scopes = cached[1]
+    if (ScopeKind.WORKFLOW, workflow) in scopes:
+        return ScopeKind.WORKFLOW
+    if (ScopeKind.TENANT, tenant) in scopes:
+        return ScopeKind.TENANT
+    return None
+
+
+def forget_scopes() -> None:
+    """Read the paused scopes again at the next start (a pause or resume in
+    this process: before and after its commit)."""
+    global _cache
+    with _cache_lock:
+        _cache = None
