@@ -798,6 +798,128 @@ def w12(db: str) -> dict[str, Any]:
     return result
 
 
+# -- W13: a bulk operation on 100,000 runs --------------------------------------------
+
+#: How many runs W13 cancels in bulk (BENCH_W13_RUNS; the target is for 100,000).
+W13_RUNS = int(os.environ.get("BENCH_W13_RUNS", "100000"))
+
+
+def _w13_sql(vendor: str, n: int) -> str:
+    """One INSERT … SELECT of ``n`` waiting runs of ``bench-w13`` (a timer a week
+    away), generated in the database; every other column its model default."""
+    from django.db.models import NOT_PROVIDED
+
+    from kumiflow_django.models import WorkflowRun
+
+    pg = vendor == "postgresql"
+    if pg:
+        series = f"SELECT x FROM generate_series(1, {n}) AS x"
+        uuid, now, later = "gen_random_uuid()", "now()", "now() + interval '7 days'"
+    else:
+        series = (
+            f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) "
+            "SELECT x FROM c"
+        )
+        uuid = "lower(hex(randomblob(16)))"
+        now = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+        later = "strftime('%Y-%m-%d %H:%M:%f', 'now', '+7 days')"
+    given = {
+        "id": uuid,
+        "tenant_id": "'default'",
+        "workflow": "'bench-w13'",
+        "fingerprint": f"'{'0' * 64}'",
+        "status": "'waiting'",
+        "cursor": "'[0]'",
+        "state": "'{}'",
+        "trail": "'[]'",
+        "wake_at": later,
+        "version": "2",
+        "started_at": now,
+        "updated_at": now,
+    }
+    columns, values = [], []
+    for f in WorkflowRun._meta.concrete_fields:
+        columns.append(f.column)
+        if f.column in given:
+            value = given[f.column]
+            if pg and f.get_internal_type() == "JSONField":
+                value += "::jsonb"
+        elif f.default is NOT_PROVIDED or callable(f.default):
+            value = "NULL" if f.null else "''"
+        elif isinstance(f.default, bool):
+            value = ("TRUE" if f.default else "FALSE") if pg else str(int(f.default))
+        elif isinstance(f.default, int):
+            value = str(f.default)
+        else:
+            value = f"'{f.default}'"
+        values.append(value)
+    return (
+        f"INSERT INTO kumiflow_workflowrun ({', '.join(columns)}) "
+        f"SELECT {', '.join(values)} FROM ({series}) AS s"
+    )
+
+
+def w13(db: str) -> dict[str, Any]:
+    """``bulk_runs("cancel", filters={"workflow": ...})`` on 100,000 waiting runs:
+    the time, this process's peak memory, and the longest transaction (each
+    run is one, with the operation's cursor; timed here on every database,
+    and sampled from pg_stat_activity on PostgreSQL). Every run gets its own run-cancelled
+    event through ``cancel_run``, with the operator and the reason."""
+    url = database_url(db, "kumiflow_bench_w13")
+    setup_django(url)
+    from django.db import connection
+
+    from kumiflow_django import bulk_runs
+    from kumiflow_django.engine import bulk
+    from kumiflow_django.models import Event, WorkflowRun
+
+    n = W13_RUNS
+    with connection.cursor() as cursor:
+        cursor.execute(_w13_sql(connection.vendor, n))
+        cursor.execute("ANALYZE")
+    assert WorkflowRun.objects.filter(workflow="bench-w13").count() == n
+    release_freed_memory()
+    rss_before = proc_status(os.getpid())["VmRSS"]
+    clear_peak_rss()
+    transactions: list[float] = []
+    real = bulk._run_one
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        begin = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            transactions.append((time.perf_counter() - begin) * 1000)
+
+    bulk._run_one = timed  # type: ignore[assignment]
+    sampler = _LongestTransaction(url) if db == "postgresql" else contextlib.nullcontext()
+    began = time.perf_counter()
+    with sampler:
+        operation = bulk_runs(
+            "cancel", filters={"workflow": "bench-w13"}, reason="bench W13", by="bench"
+        )
+    elapsed = time.perf_counter() - began
+    bulk._run_one = real  # type: ignore[assignment]
+    cancelled = Event.objects.filter(type="kumiflow.workflow.run-cancelled").count()
+    result: dict[str, Any] = {
+        "runs": n,
+        "done": operation.done,
+        "runs_skipped": operation.skipped,
+        "errors": operation.errors,
+        "events": cancelled,
+        "batch_size": operation.batch_size,
+        "bulk_seconds": round(elapsed, 1),
+        "runs_per_s": round(n / elapsed),
+        "rss_before_mb": round(rss_before, 1),
+        "peak_rss_mb": _own_peak_mb(),
+        "longest_run_transaction_ms": round(max(transactions), 1),
+        "median_run_transaction_ms": round(median(transactions), 2),
+    }
+    if db == "postgresql":
+        result["longest_transaction_ms"] = round(sampler.longest_ms, 1)  # type: ignore[union-attr]
+    return result
+
+
 WORKLOADS = {
     "W1": w1,
     "W1-observed": w1_observed,
@@ -811,5 +933,6 @@ WORKLOADS = {
     "W7": w7,
     "W8": w8,
     "W12": w12,
+    "W13": w13,
     **SCALE_WORKLOADS,
 }

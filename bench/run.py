@@ -1,4 +1,4 @@
-"""The benchmark: W1-W11, optionally side by side with DBOS.
+"""The benchmark: W1-W11 and W13, optionally side by side with DBOS.
 
     python bench/run.py [--only W1,W9] [--db sqlite,postgres,mariadb] [--peer dbos]
                         [--w9-runs 2000] [--w10-runs 1000000] [--w11-runs 1000000]
@@ -46,13 +46,14 @@ PLAN = {
     "W9": ["postgresql", "mysql"],
     "W10": ["postgresql"],
     "W11": ["postgresql"],
+    "W13": ["sqlite", "postgresql"],
 }
 #: Asked for by name only (``--only W12``): not in the default set.
 ON_REQUEST = {"W12": ["sqlite", "postgresql"]}
 #: The workloads DBOS has (bench/dbos_workloads.py).
 DBOS_HAS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"}
 #: Seconds a workload may take at full size before it counts as failed.
-TIMEOUTS = {"W9": 3600.0, "W10": 4 * 3600.0, "W11": 4 * 3600.0}
+TIMEOUTS = {"W13": 3600.0, "W9": 3600.0, "W10": 4 * 3600.0, "W11": 4 * 3600.0}
 #: Most memory a worker process may use (every workload).
 RSS_LIMIT_MB = 100
 
@@ -239,6 +240,24 @@ def targets(results: list[dict[str, Any]], peer: bool) -> list[dict[str, Any]]:
                     f"{ms} ms median, {w12[f'{page}_p95_ms']} ms p95 "
                     f"(load average {w12['load_average_1m']} on {w12['cpus']} CPUs)",
                 )
+    for db in ("postgresql", "sqlite"):
+        w13 = k("W13", db)
+        if w13:
+            target(
+                f"W13 bulk cancel of {w13['runs']:,} runs: each one done, in bounded "
+                f"memory and short transactions ({db})",
+                w13["done"] == w13["runs"] == w13["events"]
+                and w13["peak_rss_mb"] - w13["rss_before_mb"] <= RSS_LIMIT_MB
+                and w13["longest_run_transaction_ms"] <= 1000,
+                f"{w13['bulk_seconds']} s ({w13['runs_per_s']} runs/s), peak {w13['peak_rss_mb']} MB "
+                f"(from {w13['rss_before_mb']}), longest run transaction "
+                f"{w13['longest_run_transaction_ms']} ms"
+                + (
+                    f", longest transaction {w13['longest_transaction_ms']} ms"
+                    if "longest_transaction_ms" in w13
+                    else ""
+                ),
+            )
     for db in ("postgresql", "mysql"):
         w9 = k("W9", db)
         if not w9 or "speedup_2p" not in w9:
@@ -301,6 +320,7 @@ HEADLINES = {
     "W10": "w1_slowdown",
     "W11": "p99_ratio",
     "W12": "overview_ms",
+    "W13": "runs_per_s",
 }
 
 

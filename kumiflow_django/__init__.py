@@ -60,6 +60,15 @@ _EXPORTS: dict[str, str] = {
     "waiting_approvals": "kumiflow_django.engine.approvals",
     "adecide_approval": "kumiflow_django.engine.aio",
     "InvalidApproval": "kumiflow_django.store.errors",
+    "pause_run": "kumiflow_django.engine.operations",
+    "resume_run": "kumiflow_django.engine.operations",
+    "fail_run": "kumiflow_django.engine.operations",
+    "pause_workflow": "kumiflow_django.engine.operations",
+    "resume_workflow": "kumiflow_django.engine.operations",
+    "pause_tenant": "kumiflow_django.engine.operations",
+    "resume_tenant": "kumiflow_django.engine.operations",
+    "bulk_runs": "kumiflow_django.engine.bulk",
+    "continue_bulk": "kumiflow_django.engine.bulk",
     "InvalidDispatchState": "kumiflow_django.store.errors",
     "DispatchNotFound": "kumiflow_django.store.errors",
     "cancel_dispatch": "kumiflow_django.outbox.actions",
@@ -93,6 +102,14 @@ _EXPORTS: dict[str, str] = {
     "acancel_run": "kumiflow_django.engine.aio",
     "aretry_run": "kumiflow_django.engine.aio",
     "awake_run": "kumiflow_django.engine.aio",
+    "apause_run": "kumiflow_django.engine.aio",
+    "aresume_run": "kumiflow_django.engine.aio",
+    "afail_run": "kumiflow_django.engine.aio",
+    "apause_workflow": "kumiflow_django.engine.aio",
+    "aresume_workflow": "kumiflow_django.engine.aio",
+    "apause_tenant": "kumiflow_django.engine.aio",
+    "aresume_tenant": "kumiflow_django.engine.aio",
+    "abulk_runs": "kumiflow_django.engine.aio",
     "get_run": "kumiflow_django.engine.aio",
     # event store
     "NewEvent": "kumiflow_django.store.log",
@@ -119,6 +136,7 @@ _EXPORTS: dict[str, str] = {
     "OperationConflict": "kumiflow_django.store.errors",
     # reads on a replica (kumiflow_django.routers)
     "replica_reads": "kumiflow_django.store.replica",
+    "InvalidPauseState": "kumiflow_django.store.errors",
 }
 
 __all__ = [
@@ -134,6 +152,15 @@ __all__ = [
     "waiting_approvals",
     "adecide_approval",
     "InvalidApproval",
+    "pause_run",
+    "resume_run",
+    "fail_run",
+    "pause_workflow",
+    "resume_workflow",
+    "pause_tenant",
+    "resume_tenant",
+    "bulk_runs",
+    "continue_bulk",
     "InvalidDispatchState",
     "DispatchNotFound",
     "cancel_dispatch",
@@ -163,6 +190,14 @@ __all__ = [
     "acancel_run",
     "aretry_run",
     "awake_run",
+    "apause_run",
+    "aresume_run",
+    "afail_run",
+    "apause_workflow",
+    "aresume_workflow",
+    "apause_tenant",
+    "aresume_tenant",
+    "abulk_runs",
     "get_run",
     "restart_run",
     "restart_plan",
@@ -189,6 +224,7 @@ __all__ = [
     "PermanentFailure",
     "StaleVersion",
     "OperationConflict",
+    "InvalidPauseState",
 ]
 
 
@@ -277,17 +313,37 @@ if TYPE_CHECKING:  # pragma: no cover
     from kumiflow_django.definition.workflow import Workflow, define_workflow
     from kumiflow_django.engine.aio import (
         aappend_event,
+        abulk_runs,
         acancel_run,
         adecide_approval,
+        afail_run,
         aget_run,
+        apause_run,
+        apause_tenant,
+        apause_workflow,
         arestart_run,
+        aresume_run,
+        aresume_tenant,
+        aresume_workflow,
         aretry_run,
         astart_workflow,
         awake_run,
         get_run,
     )
     from kumiflow_django.engine.approvals import decide_approval, waiting_approvals
-    from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
+    from kumiflow_django.engine.bulk import bulk_runs, continue_bulk
+    from kumiflow_django.engine.operations import (
+        cancel_run,
+        fail_run,
+        pause_run,
+        pause_tenant,
+        pause_workflow,
+        resume_run,
+        resume_tenant,
+        resume_workflow,
+        retry_run,
+        wake_run,
+    )
     from kumiflow_django.engine.restart import RestartPlan, restart_plan, restart_run
     from kumiflow_django.engine.starting import start_workflow
     from kumiflow_django.outbox.actions import cancel_dispatch, redeliver
@@ -304,6 +360,7 @@ if TYPE_CHECKING:  # pragma: no cover
         InvalidApproval,
         InvalidDispatchState,
         InvalidEvent,
+        InvalidPauseState,
         InvalidRunState,
         KumiflowDeprecationWarning,
         KumiflowError,

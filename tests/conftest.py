@@ -97,6 +97,17 @@ def browser():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_paused_scopes():
+    """Paused scopes are cached per process for a second for starts: a test's
+    (rolled back) pause must not reach the next test."""
+    from kumiflow_django.projections.pauses import forget_scopes
+
+    forget_scopes()
+    yield
+    forget_scopes()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_flow_overrides():
     """Flow limit overrides are cached per process for a few seconds: a test's
     (rolled back) override must not reach the next test."""

@@ -151,5 +151,5 @@ def test_every_engine_event_stored_fits_its_payload_type(registry, clock):
 
 
 def test_every_engine_event_type_has_a_payload_type():
-    engine = ev.RUN_EVENTS | ev.DISPATCH_EVENTS | ev.TASK_EVENTS | ev.CRON_EVENTS
+    engine = ev.RUN_EVENTS | ev.DISPATCH_EVENTS | ev.TASK_EVENTS | ev.CRON_EVENTS | ev.PAUSE_EVENTS
     assert set(pl.PAYLOADS) == engine

@@ -34,10 +34,18 @@ TWINS = sorted(
 def test_every_async_function_of_the_api_is_the_twin_of_a_sync_one():
     assert TWINS == [
         "aappend_event",
+        "abulk_runs",
         "acancel_run",
         "adecide_approval",
+        "afail_run",
         "aget_run",
+        "apause_run",
+        "apause_tenant",
+        "apause_workflow",
         "arestart_run",
+        "aresume_run",
+        "aresume_tenant",
+        "aresume_workflow",
         "aretry_run",
         "astart_workflow",
         "awake_run",

@@ -30,7 +30,7 @@ def test_worker_run_once_runs_every_loop(registry, clock, mailoutbox):
     define_workflow("w", steps=[s.mail_send(to="a@x.io", subject="s", body="b"), s.wait("PT1M")])
     start_workflow("w")
     clock.advance(minutes=1)
-    assert Worker().run_once() == {"resume": 1, "dispatch": 1, "cron": 0, "tasks": 0}
+    assert Worker().run_once() == {"resume": 1, "bulk": 0, "dispatch": 1, "cron": 0, "tasks": 0}
     assert len(mailoutbox) == 1
 
 

@@ -14,6 +14,7 @@ in :mod:`.overview`; search in :mod:`.search`.
 from kumiflow_django.admin.dispatches import DispatchAdmin
 from kumiflow_django.admin.events import EventAdmin
 from kumiflow_django.admin.flow import FlowKeyAdmin, FlowLimitAdmin, RateBucketAdmin
+from kumiflow_django.admin.pauses import PausedScopeAdmin
 from kumiflow_django.admin.runs import WorkflowRunAdmin
 from kumiflow_django.admin.schedules import CronScheduleAdmin
 from kumiflow_django.admin.workers import WorkerProcessAdmin
@@ -24,6 +25,7 @@ __all__ = [
     "EventAdmin",
     "FlowKeyAdmin",
     "FlowLimitAdmin",
+    "PausedScopeAdmin",
     "RateBucketAdmin",
     "WorkerProcessAdmin",
     "WorkflowRunAdmin",

@@ -33,6 +33,7 @@ COLOURS = {
     "failed": "#dc2626",
     "dead": "#dc2626",
     "cancelled": "#4b5563",
+    "paused": "#b45309",
 }
 
 

@@ -128,7 +128,11 @@ def bulk(
 ) -> TemplateResponse | None:
     """A change-list action: the confirmation page of the selected rows, then
     the operation on each that it applies to (one message says what was done,
-    one what was skipped and why)."""
+    one what was skipped and why). "Select all N matching" of a list that
+    runs bulk operations (the run list) goes to its pre-flight page instead."""
+    by_filter = getattr(model_admin, "bulk_by_filter", None)
+    if by_filter is not None and request.POST.get("select_across") == "1":
+        return by_filter(request, queryset, operation_name, action)  # type: ignore[no-any-return]
     operation = model_admin.operations[operation_name]
     rows = list(queryset[:500])
     form = ReasonForm(request.POST if request.POST.get("confirm") == "yes" else None)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import inbox, overview, restart, run_page, send_event
+from kumiflow_django.admin import bulk_filter, inbox, overview, restart, run_page, send_event
 from kumiflow_django.admin.attributes import AttributeFilter
 from kumiflow_django.admin.attributes import links as attribute_links
 from kumiflow_django.admin.base import (
@@ -40,7 +40,7 @@ from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.engine import deploys, operations, unserved
-from kumiflow_django.engine.operations import retry_point
+from kumiflow_django.engine.restore import retry_point
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.waiting_for import waiting_for
@@ -152,6 +152,33 @@ def _explain_retry_current(run: WorkflowRun) -> list[str]:
     return lines
 
 
+def _explain_pause(run: WorkflowRun) -> list[str]:
+    return [
+        "No worker takes the run until it is resumed. Its status stays "
+        f"{run.get_status_display()}; a segment running now finishes first.",
+        "Events it waits for are still recorded, and its timers still come due: it takes "
+        "them when it is resumed. Its tasks and deliveries already requested go on.",
+    ]
+
+
+def _explain_resume(run: WorkflowRun) -> list[str]:
+    if run.reason:
+        return [
+            f"The run was paused because its retries ran out ({run.reason}): it continues at "
+            f"{_step_label(run, run.cursor)} with its whole retry policy again "
+            "(a task that failed for good runs again).",
+        ]
+    return ["Workers take the run again: at once if its timer came or its event was matched."]
+
+
+def _explain_fail(run: WorkflowRun) -> list[str]:
+    lines = ["The run ends failed (reason failed_by_operator), with your reason as its error."]
+    if run.state.get("compensations"):
+        lines.append("Its completed steps' compensations run first, the last one first.")
+    lines.append("Its open tasks and the child runs it waits for are cancelled. It can be retried.")
+    return lines
+
+
 RUN_OPERATIONS = {
     "cancel": Operation(
         name="cancel",
@@ -191,6 +218,34 @@ RUN_OPERATIONS = {
         perform=lambda run, by, reason: operations.retry_run(
             run.id, adopt_current_definition=True, by=by, reason=reason
         ),
+    ),
+    "pause": Operation(
+        name="pause",
+        label="Pause",
+        permission="pause_workflowrun",
+        done="paused",
+        refuse=operations.refuse_pause,
+        explain=_explain_pause,
+        perform=lambda run, by, reason: operations.pause_run(run.id, by=by, reason=reason),
+    ),
+    "resume": Operation(
+        name="resume",
+        label="Resume",
+        permission="pause_workflowrun",
+        done="resumed",
+        refuse=operations.refuse_resume,
+        explain=_explain_resume,
+        perform=lambda run, by, reason: operations.resume_run(run.id, by=by, reason=reason),
+    ),
+    "fail": Operation(
+        name="fail",
+        label="Fail",
+        permission="fail_workflowrun",
+        done="failed",
+        refuse=operations.refuse_fail,
+        explain=_explain_fail,
+        perform=lambda run, by, reason: operations.fail_run(run.id, by=by, reason=reason),
+        danger=True,
     ),
 }
 
@@ -368,6 +423,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     list_display_links = ["short_id"]
     list_filter = [
         "status",
+        "paused",
         WorkflowFilter,
         TenantFilter,
         AttentionFilter,
@@ -384,7 +440,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     )
     ordering = ["-started_at"]
     show_facets = admin.ShowFacets.NEVER
-    actions = ["cancel_runs", "retry_runs", "wake_runs"]
+    actions = ["cancel_runs", "retry_runs", "wake_runs", "pause_runs", "resume_runs", "fail_runs"]
     change_form_template = "admin/kumiflow/workflowrun/change_form.html"
     change_list_template = "admin/kumiflow/workflowrun/change_list.html"
     operations = RUN_OPERATIONS
@@ -405,11 +461,14 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         # why it failed, was cancelled, or is not quite done: under its status
         why = self.problem(run)
         why_line = format_html('<span class="kf-sub">{}</span>', why) if why else ""
+        shown = badge(run.status, run.get_status_display())
+        if run.paused:  # held by an operator, or by its exhausted retries
+            shown = format_html("{} {}", shown, badge("paused", "paused"))
         if not parts:
-            return format_html("{}{}", badge(run.status, run.get_status_display()), why_line)
+            return format_html("{}{}", shown, why_line)
         return format_html(
             '{}<span class="kf-sub">{}</span>{}',
-            badge(run.status, run.get_status_display()),
+            shown,
             format_html_join(" · ", "{}", ((p,) for p in parts)),
             why_line,
         )
@@ -692,3 +751,27 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     @admin.action(description="Wake selected waiting runs now", permissions=["wake"])
     def wake_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         return bulk(self, request, queryset, "wake", "wake_runs")
+
+    # -- pause, resume, fail (and every action on "all N matching": .bulk_filter) ----
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return self.user_can(request, "pause_workflowrun")
+
+    def has_fail_permission(self, request: HttpRequest) -> bool:
+        return self.user_can(request, "fail_workflowrun")
+
+    @admin.action(description="Pause selected runs", permissions=["pause"])
+    def pause_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "pause", "pause_runs")
+
+    @admin.action(description="Resume selected paused runs", permissions=["pause"])
+    def resume_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "resume", "resume_runs")
+
+    @admin.action(description="Fail selected runs", permissions=["fail"])
+    def fail_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk(self, request, queryset, "fail", "fail_runs")
+
+    def bulk_by_filter(
+        self, request: HttpRequest, queryset: QuerySet[Any], operation_name: str, action: str
+    ) -> Any:
+        return bulk_filter.confirm(self, request, queryset, operation_name, action)

@@ -35,6 +35,9 @@ START_MODES = ("inline", "deferred")
 #: What a run does when a deploy changed its definition (docs/deploying.md):
 #: carry on when the change is compatible for it, stay on its own version, or fail.
 ON_CHANGE = ("compatible", "pin", "fail")
+#: What a run does when a step's retries ran out: ends failed, or is paused
+#: for an operator to resume (after a fix) or fail.
+ON_EXHAUSTED = ("fail", "pause")
 
 
 @dataclass(eq=False)
@@ -62,6 +65,9 @@ class Workflow:
     #: the context): not in the fingerprint; they change what the console and
     #: ``with_attribute`` find, not what runs.
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: ``"fail"`` or ``"pause"`` (:data:`ON_EXHAUSTED`): not in the fingerprint,
+    #: a policy an operator may change under running runs.
+    on_exhausted: str = "fail"
     fingerprint: str = field(init=False)
     #: awaited event type -> the sets of match paths its waits use
     awaited: dict[str, set[tuple[str, ...]]] = field(init=False)
@@ -238,6 +244,7 @@ def define_workflow(
     priority: int = 0,
     on_change: str = "compatible",
     attributes: Mapping[str, Any] | None = None,
+    on_exhausted: str = "fail",
     register: bool = True,
 ) -> Workflow:
     """Define (and register) a workflow.
@@ -258,6 +265,8 @@ def define_workflow(
     ``attributes={"customer": lambda ctx:
     ctx.trigger.payload["customer_id"]}`` are search attributes, resolved at
     the start (see docs/search-attributes.md).
+    ``on_exhausted="pause"``: a run whose step's retries ran out is paused at
+    that step instead of failed (docs/operations.md).
     """
     if not isinstance(name, str) or not name.strip() or len(name) > limits.WORKFLOW_NAME:
         raise WorkflowDefinitionError(
@@ -279,6 +288,10 @@ def define_workflow(
     if on_change not in ON_CHANGE:
         raise WorkflowDefinitionError(
             f"workflow {name!r}: on_change must be one of {ON_CHANGE}, not {on_change!r}"
+        )
+    if on_exhausted not in ON_EXHAUSTED:
+        raise WorkflowDefinitionError(
+            f"workflow {name!r}: on_exhausted must be one of {ON_EXHAUSTED}, not {on_exhausted!r}"
         )
     if version is not None and (
         isinstance(version, bool) or len(str(version)) > limits.WORKFLOW_VERSION
@@ -322,6 +335,7 @@ def define_workflow(
         priority=priority,
         on_change=on_change,
         attributes=declared,
+        on_exhausted=on_exhausted,
     )
     cycle = child_cycle(
         workflow, lambda other: registry.get(other) if registry.is_registered(other) else None

@@ -22,7 +22,19 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from kumiflow_django.engine.approvals import decide_approval
-from kumiflow_django.engine.operations import cancel_run, retry_run, wake_run
+from kumiflow_django.engine.bulk import bulk_runs
+from kumiflow_django.engine.operations import (
+    cancel_run,
+    fail_run,
+    pause_run,
+    pause_tenant,
+    pause_workflow,
+    resume_run,
+    resume_tenant,
+    resume_workflow,
+    retry_run,
+    wake_run,
+)
 from kumiflow_django.engine.restart import restart_run
 from kumiflow_django.engine.starting import start_workflow
 from kumiflow_django.projections.runs import WorkflowRun
@@ -72,10 +84,26 @@ adecide_approval = async_twin(decide_approval)
 aretry_run = async_twin(retry_run)
 awake_run = async_twin(wake_run)
 arestart_run = async_twin(restart_run)
+apause_run = async_twin(pause_run)
+aresume_run = async_twin(resume_run)
+afail_run = async_twin(fail_run)
+apause_workflow = async_twin(pause_workflow)
+aresume_workflow = async_twin(resume_workflow)
+apause_tenant = async_twin(pause_tenant)
+aresume_tenant = async_twin(resume_tenant)
+abulk_runs = async_twin(bulk_runs)
 
 
 __all__ = [
     "aappend_event",
+    "abulk_runs",
+    "afail_run",
+    "apause_run",
+    "apause_tenant",
+    "apause_workflow",
+    "aresume_run",
+    "aresume_tenant",
+    "aresume_workflow",
     "acancel_run",
     "adecide_approval",
     "aget_run",

@@ -1,4 +1,5 @@
-"""Operating runs: cancel, retry and wake. The admin calls these, nothing else.
+"""Operating runs: cancel, retry, wake, pause, resume and fail; pausing a
+workflow or a tenant. The admin and the HTTP API call these, nothing else.
 
 Whether an operation applies to a run is said once, by its ``refuse_*``
 function (the reason it does not apply, or None): the operation asks it
@@ -20,16 +21,20 @@ import uuid
 from functools import partial
 from typing import Any
 
-from kumiflow_django.definition.context import new_state
+from django.db import IntegrityError
+
+from kumiflow_django.conf import settings
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
-from kumiflow_django.engine import children, compensation
+from kumiflow_django.engine import children, compensation, resuming
+from kumiflow_django.engine.failure import Failure
+from kumiflow_django.engine.restore import retry_point
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import lock_key
 from kumiflow_django.flow.gates import RUNS as RUNS_GATE
-from kumiflow_django.projections import lock_order
+from kumiflow_django.projections import lock_order, pauses
+from kumiflow_django.projections.pauses import PausedScope, ScopeKind
 from kumiflow_django.projections.runs import (
-    COMPENSATE,
     FINISHED,
     Compensation,
     RunStatus,
@@ -37,32 +42,24 @@ from kumiflow_django.projections.runs import (
 )
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
 from kumiflow_django.projections.tasks import append as append_task
-from kumiflow_django.store import db, telemetry
+from kumiflow_django.store import clock, db, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.audit import audited, check_operator
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.errors import (
+    InvalidEvent,
+    InvalidPauseState,
     InvalidRunState,
     Refusal,
     RunNotFound,
     UnknownWorkflow,
     raise_refusal,
 )
-from kumiflow_django.store.models import Event
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
 logger = get_logger("kumiflow_django.engine.operations")
 
-_SUSPENSIONS = {
-    ev.STEP_WAITING: RunStatus.WAITING,
-    ev.STEP_WAITING_FOR_EVENT: RunStatus.WAITING_EVENT,
-    ev.RETRY_SCHEDULED: RunStatus.RETRY_SCHEDULED,
-    ev.STEP_WAITING_FOR_CHILD: RunStatus.WAITING,
-    ev.STEP_WAITING_BRANCHES: RunStatus.WAITING,
-    # the start of a compensation: a retry runs the compensations again
-    ev.COMPENSATION_STARTED: RunStatus.WAITING,
-}
 WAKEABLE = (RunStatus.WAITING, RunStatus.WAITING_EVENT, RunStatus.RETRY_SCHEDULED)
 
 
@@ -86,6 +83,8 @@ def refuse_cancel(run: WorkflowRun) -> str | None:
 
 def refuse_wake(run: WorkflowRun) -> str | None:
     """Why :func:`wake_run` does not apply to ``run`` (None: it does)."""
+    if run.paused:
+        return "the run is paused: resume it first"
     if run.status not in WAKEABLE:
         return f"the run is {run.status}, not waiting: only waiting runs are woken"
     return None
@@ -198,55 +197,6 @@ def wake_run(
     return updated
 
 
-def retry_point(run: WorkflowRun) -> dict[str, Any]:
-    """Where the failed segment began: the last suspension (and how it was woken),
-    or the start."""
-    events = list(
-        Event.objects.filter(stream_id=str(run.id), tenant_id=run.tenant_id).order_by("-version")
-    )
-    resumed: Event | None = None
-    for event in events:
-        if event.type == ev.STEP_RESUMED and resumed is None:
-            resumed = event
-        if event.type in _SUSPENSIONS:
-            p = event.payload
-            restore: dict[str, Any] = {
-                "status": _SUSPENSIONS[event.type],
-                "cursor": p.get("cursor", [COMPENSATE, 0]),
-                "state": p["state"],
-                "attempt": p.get("attempt", 1),
-            }
-            if event.type == ev.COMPENSATION_STARTED:
-                restore["state"] = {
-                    **p["state"],
-                    "compensating": {k: p.get(k) for k in ("reason", "error", "then")},
-                }
-            if event.type == ev.STEP_WAITING_BRANCHES:
-                restore["waits"] = p.get("waits") or []  # indexed again (RunWait)
-            if event.type in (ev.STEP_WAITING_BRANCHES, ev.STEP_WAITING_FOR_CHILD):
-                # the children that ended since are read again from the log
-                children = [p["child_id"]] if "child_id" in p else p.get("children") or []
-                restore["child_waits"] = len(children)
-                restore["suspended_version"] = event.version
-            if event.type == ev.STEP_WAITING_FOR_EVENT:
-                restore["awaited"] = {
-                    k: p[k]
-                    for k in ("event_type", "match", "correlation_key", "after", "gaps")
-                    if k in p
-                }
-                if resumed is not None and resumed.payload.get("event"):
-                    restore["matched_position"] = resumed.payload["event"]["position"]
-            return restore
-    started = events[-1].payload if events and events[-1].type == ev.RUN_STARTED else {}
-    restart = started.get("restart") or {}  # a restarted run begins at its from-step
-    return {
-        "status": RunStatus.PENDING,
-        "cursor": restart.get("cursor"),
-        "state": restart.get("state") or new_state(),
-        "attempt": 1,
-    }
-
-
 def _retry_task(run: WorkflowRun, restore: dict[str, Any]) -> StepTask | None:
     """When the run failed because its task failed for good: reopen that task
     (``task.retried``: its retry policy starts over) and make the run wait for
@@ -317,3 +267,225 @@ def retry_run(
         extra=telemetry.run_log_fields(run),
     )
     return updated
+
+
+# -- pause, resume, fail -------------------------------------------------------
+
+
+def refuse_pause(run: WorkflowRun) -> str | None:
+    """Why :func:`pause_run` does not apply to ``run`` (None: it does)."""
+    if run.status in FINISHED:
+        return f"the run is {run.status}: only unfinished runs are paused"
+    if run.paused:
+        return "the run is paused already"
+    return None
+
+
+def refuse_resume(run: WorkflowRun) -> str | None:
+    """Why :func:`resume_run` does not apply to ``run`` (None: it does)."""
+    if not run.paused:
+        return f"the run is {run.status}, not paused: only paused runs are resumed"
+    return None
+
+
+def refuse_fail(run: WorkflowRun) -> str | None:
+    """Why :func:`fail_run` does not apply to ``run`` (None: it does)."""
+    if run.status in FINISHED:
+        return f"the run is {run.status}: only unfinished runs are failed"
+    if compensation.active(run.cursor):
+        return "the run is compensating: cancel it to stop its compensations"
+    return None
+
+
+@db.retrying
+def pause_run(
+    run_id: uuid.UUID | str, *, reason: str = "", by: str = "", tenant: str | None = None
+) -> WorkflowRun:
+    """Pause a run that has not finished: no worker claims it until
+    :func:`resume_run`. Its status stays; events that match its wait are still
+    recorded, and its timers still come due: it takes them once resumed.
+
+    The run's row is locked first: a segment in flight finishes (the pause
+    takes effect at the run's next suspension). Its tasks already requested
+    and its deliveries go on; their outcomes wait for the resume too.
+    """
+    by, reason = check_operator(by, reason)
+    with db.atomic():
+        run = _lock(run_id, tenant)
+        raise_refusal(refuse_pause(run), InvalidRunState, f"run {run.id}")
+        updated = _append(run, ev.RUN_PAUSED, audited({}, by, reason), by)
+    logger.info(
+        "run %s paused by %s (%s)",
+        run.id,
+        by or "code",
+        reason or "no reason given",
+        extra=telemetry.run_log_fields(run),
+    )
+    return updated
+
+
+@db.retrying
+def resume_run(
+    run_id: uuid.UUID | str, *, reason: str = "", by: str = "", tenant: str | None = None
+) -> WorkflowRun:
+    """Resume a paused run: it is claimed again when due (at once, if its timer
+    came or its event was matched while it was paused).
+
+    A run paused because its step's retries ran out (``on_exhausted="pause"``)
+    continues at that step with its whole retry policy again; a task that
+    failed for good runs again (as :func:`retry_run` does it). A run whose
+    workflow or tenant is paused as well waits for that pause to end.
+    """
+    by, reason = check_operator(by, reason)
+    with db.atomic():
+        run = _lock(run_id, tenant)
+        raise_refusal(refuse_resume(run), InvalidRunState, f"run {run.id}")
+        payload: dict[str, Any] = {}
+        task = None
+        if run.reason == ev.TASK_FAILED_REASON:  # paused on a task that failed for good
+            restore = retry_point(run)
+            task = _retry_task(run, restore)
+            if task is not None:
+                restore["attempt"] = 1
+                payload["restore"] = restore
+        updated = _append(run, ev.RUN_RESUMED, audited(payload, by, reason), by)
+        if task is not None:
+            work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)
+        elif updated.wake_at is not None:
+            work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
+        # An event that came while it was paused, in a race with the pause: found now.
+        if updated.status == RunStatus.WAITING_EVENT or updated.branch_waits:
+            resuming.look_back_after_commit(updated)
+    logger.info(
+        "run %s resumed by %s (%s)",
+        run.id,
+        by or "code",
+        reason or "no reason given",
+        extra=telemetry.run_log_fields(run),
+    )
+    return updated
+
+
+@db.retrying
+def fail_run(
+    run_id: uuid.UUID | str, *, reason: str = "", by: str = "", tenant: str | None = None
+) -> WorkflowRun:
+    """End a run that has not finished as failed (reason ``failed_by_operator``),
+    paused or not: a run paused on exhausted retries that will not be fixed.
+
+    It ends like a run whose step failed, through the one end of a run: with
+    completed compensable steps it compensates first (then ends failed,
+    ``compensated``); its open tasks and the children it waits for are
+    cancelled. A failed run can be retried (:func:`retry_run`).
+    """
+    by, reason = check_operator(by, reason)
+    with db.atomic():
+        run = _lock(run_id, tenant)
+        raise_refusal(refuse_fail(run), InvalidRunState, f"run {run.id}")
+        text = reason or "failed by an operator"
+        failure = Failure(
+            ev.FAILED_BY_OPERATOR, text, run.cursor, list(run.trail), compensable=True
+        )
+        children.lock_subtree(run, cancelled=False)
+        started = compensation.start(run, failure)
+        if started is not None:
+            type_, payload = started
+            if by:
+                payload["by"] = by
+            updated = _append(run, type_, dict(payload), by)
+            work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
+        else:
+            updated = _append(run, ev.RUN_FAILED, audited(dict(failure.payload()), by, ""), by)
+    logger.info(
+        "run %s failed by %s (%s)",
+        run.id,
+        by or "code",
+        reason or "no reason given",
+        extra=telemetry.run_log_fields(run),
+    )
+    return updated
+
+
+# -- pausing a workflow or a tenant ----------------------------------------------
+
+
+def _scope(kind: str, name: object) -> PausedScope | None:
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidEvent(f"a {kind} name is a non-empty string, not {name!r:.60}")
+    return for_update(PausedScope.objects.filter(pk=pauses.stream_id(kind, name))).first()
+
+
+def refuse_pause_scope(scope: PausedScope | None) -> str | None:
+    """Why a workflow or a tenant cannot be paused (None: it can)."""
+    if scope is not None and scope.paused:
+        return f"the {scope.kind} {scope.name!r} is paused already"
+    return None
+
+
+def refuse_resume_scope(scope: PausedScope | None) -> str | None:
+    """Why a workflow or a tenant cannot be resumed (None: it can)."""
+    if scope is None or not scope.paused:
+        return "it is not paused"
+    return None
+
+
+def _pause_scope(kind: str, name: str, *, reason: str, by: str, pause: bool) -> PausedScope:
+    by, reason = check_operator(by, reason)
+    for attempt in (1, 2):  # two first pauses of one scope: the second finds the row
+        try:
+            with db.atomic():
+                scope = _scope(kind, name)
+                refuse = refuse_pause_scope if pause else refuse_resume_scope
+                raise_refusal(refuse(scope), InvalidPauseState, f"{kind} {name!r}")
+                tenant = name if kind == ScopeKind.TENANT else settings.DEFAULT_TENANT
+                if pause:
+                    payload: dict[str, Any] = audited({"kind": kind, "name": name}, by, reason)
+                    type_ = ev.SCOPE_PAUSED
+                else:
+                    payload, type_ = audited({}, by, reason), ev.SCOPE_RESUMED
+                saved = pauses.append(scope, kind, name, tenant, type_, payload, created_by=by)
+                pauses.forget_scopes()  # this process's starts see it at once
+                db.on_commit(pauses.forget_scopes)
+                if not pause:  # its due runs are claimed again: tell the resume loop
+                    work_committed(WorkKind.RESUME, clock.now())
+        except IntegrityError:
+            if attempt == 2:
+                raise
+            continue
+        logger.info(
+            "%s %s %s by %s (%s)",
+            kind,
+            name,
+            "paused" if pause else "resumed",
+            by or "code",
+            reason or "no reason given",
+        )
+        return saved
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@db.retrying
+def pause_workflow(name: str, *, reason: str = "", by: str = "") -> PausedScope:
+    """Pause a workflow: no worker claims its runs (in every tenant) until
+    :func:`resume_workflow`. New starts are recorded and wait (an inline
+    start is recorded deferred); segments in flight finish."""
+    return _pause_scope(ScopeKind.WORKFLOW, name, reason=reason, by=by, pause=True)
+
+
+@db.retrying
+def resume_workflow(name: str, *, reason: str = "", by: str = "") -> PausedScope:
+    """Resume a paused workflow: its due runs are claimed again."""
+    return _pause_scope(ScopeKind.WORKFLOW, name, reason=reason, by=by, pause=False)
+
+
+@db.retrying
+def pause_tenant(tenant_id: str, *, reason: str = "", by: str = "") -> PausedScope:
+    """Pause a tenant: no worker claims its runs (of every workflow) until
+    :func:`resume_tenant`; starts are recorded and wait."""
+    return _pause_scope(ScopeKind.TENANT, tenant_id, reason=reason, by=by, pause=True)
+
+
+@db.retrying
+def resume_tenant(tenant_id: str, *, reason: str = "", by: str = "") -> PausedScope:
+    """Resume a paused tenant: its due runs are claimed again."""
+    return _pause_scope(ScopeKind.TENANT, tenant_id, reason=reason, by=by, pause=False)

@@ -42,6 +42,7 @@ from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine import admission, compensation, deploys
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps
+from kumiflow_django.engine.pausing import held
 from kumiflow_django.engine.runner import execute
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow.admission import Pending
@@ -96,8 +97,8 @@ def resume_run(
 
     def prepare() -> Prepared:
         run = lock_run(run_id, skip_locked=skip_locked)
-        if run is None or run.status not in SUSPENDED:
-            return None
+        if run is None or run.status not in SUSPENDED or held(run):
+            return None  # a paused run's event was recorded by its caller (_deliver)
         # A run that moved on since it was found due (a child reported, another
         # worker resumed it) is resumed if it is still due; a takeover recorded
         # from that older reading would be stale.
@@ -488,7 +489,10 @@ def wake_waiters(event: Event) -> None:
                         else None
                     )
                     if satisfies(run, event, waits):
-                        _wake_inline(run, event)
+                        if held(run):  # paused: recorded, taken when it is resumed
+                            mark_matched(run.id, event)
+                        else:
+                            _wake_inline(run, event)
         else:
             for run_id in waiting_for(event):
                 mark_matched(run_id, event)
@@ -519,10 +523,15 @@ def _wake_inline(run: WorkflowRun, event: Event) -> None:
 
 
 def _deliver(run_id: uuid.UUID, event: Event) -> None:
-    if settings.EVENT_WAKE == "inline":
+    if settings.EVENT_WAKE == "inline" and not _held(run_id):
         resume_run(run_id, wake=Wake(WakeReason.EVENT, event))
     else:
         mark_matched(run_id, event)
+
+
+def _held(run_id: uuid.UUID) -> bool:
+    run = WorkflowRun.objects.filter(pk=run_id).only("paused", "workflow", "tenant_id").first()
+    return run is not None and held(run)
 
 
 def mark_matched(run_id: uuid.UUID, event: Event) -> None:
@@ -568,6 +577,13 @@ def _recheck_event(event: Event) -> None:
 def recheck_after_commit(run: WorkflowRun) -> None:
     if writers_serialized():
         return
+    look_back_after_commit(run)
+
+
+def look_back_after_commit(run: WorkflowRun) -> None:
+    """After commit, look back once for the event(s) the run waits for (a
+    resumed run: an event that came while it was paused and found no wait to
+    mark, in a race with the pause, is taken now)."""
     run_id, version = run.id, run.version
     db.on_commit(partial(_recheck_run, run_id, version))
 

@@ -15,7 +15,9 @@ and writes down how it began (the ``run-started`` payload):
   gaps), where writers can interleave;
 - the trace context of the code that started it becomes the run's origin;
 - an inline workflow runs its first segment now, a deferred one is only
-  recorded.
+  recorded; so is an inline start of a paused workflow or tenant (recorded
+  ``deferred``, with ``paused`` saying why): it runs once the scope is
+  resumed.
 
 The runner (:func:`kumiflow_django.engine.runner.start`) executes it in a
 savepoint of the caller's transaction.
@@ -44,6 +46,7 @@ from kumiflow_django.engine import admission
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps, current_depth, keyed_run
 from kumiflow_django.flow.admission import Pending
+from kumiflow_django.projections.pauses import start_paused
 from kumiflow_django.store import db, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
@@ -180,7 +183,14 @@ class RunStart:
                 started["flow"] = flow
                 held = "held" in flow
         steps = None
-        if workflow.start_mode == "inline" and not held:
+        inline = workflow.start_mode == "inline" and not held
+        if inline:
+            paused = start_paused(workflow.name, self.tenant)
+            if paused is not None:  # recorded, run once its workflow or tenant is resumed
+                started["mode"] = "deferred"
+                started["paused"] = paused
+                inline = False
+        if inline:
             restart = self.restart
             steps = Steps(
                 workflow,

@@ -27,7 +27,7 @@ from datetime import timedelta
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.context import WakeReason
 from kumiflow_django.definition.durations import isoformat
-from kumiflow_django.engine import compensation, observed
+from kumiflow_django.engine import compensation, observed, pausing
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, keyed_run
 from kumiflow_django.engine.run_start import RunStart
@@ -140,7 +140,9 @@ def _record(
     version the segment began at; None if the run moved on meanwhile.
 
     A run that fails after steps with compensations completed (in committed
-    segments) starts compensating instead (see ``engine.compensation``).
+    segments) starts compensating instead (see ``engine.compensation``); a
+    run of a workflow with ``on_exhausted="pause"`` is paused instead
+    (``engine.pausing``).
     """
     try:
         with db.atomic():
@@ -149,7 +151,12 @@ def _record(
                 row = lock_order.lock_run(opening.run_id)
                 if row is None or row.version != opening.version:
                     return None
-                if failure is not None:
+            if failure is not None:
+                # on_exhausted="pause": paused where it stood, not failed nor compensated
+                paused = pausing.exhausted_pause(opening, row, failure)
+                if paused is not None:
+                    closing = paused
+                elif row is not None:
                     closing = compensation.start(row, failure) or closing
             segment = Segment(opening.run_id, opening.tenant, row)
             for type_, payload in [*first, closing]:

@@ -50,6 +50,8 @@ class Endpoint:
     errors: tuple[int, ...] = (401, 403)
     media_type: str = "application/json"
     tags: tuple[str, ...] = field(default=("runs",))
+    #: Other success statuses with the same body, and what each means.
+    also: tuple[tuple[int, str], ...] = ()
 
     @property
     def request_schema(self) -> dict[str, Any] | None:
@@ -184,6 +186,95 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             ),
         ),
         errors=(400, 401, 403, 404),
+    ),
+    Endpoint(
+        "pauseRun",
+        "post",
+        "/runs/{run_id}/pause/",
+        "run-pause",
+        "Pause a run",
+        "No worker takes the run until it is resumed; its status stays. Events it "
+        "waits for are still recorded and its timers still come due: it takes them "
+        "when resumed. A finished or paused run is a 409.",
+        tokens.PAUSE,
+        200,
+        "OperatedRun",
+        request="PauseRun",
+        params=(RUN_ID,),
+        errors=(400, 401, 403, 404, 409),
+    ),
+    Endpoint(
+        "resumeRun",
+        "post",
+        "/runs/{run_id}/resume/",
+        "run-resume",
+        "Resume a paused run",
+        "Workers take the run again. A run paused because its retries ran out "
+        '(`on_exhausted="pause"`) continues at the failed step with its whole retry '
+        "policy. A run that is not paused is a 409.",
+        tokens.PAUSE,
+        200,
+        "OperatedRun",
+        request="PauseRun",
+        params=(RUN_ID,),
+        errors=(400, 401, 403, 404, 409),
+    ),
+    Endpoint(
+        "failRun",
+        "post",
+        "/runs/{run_id}/fail/",
+        "run-fail",
+        "Fail a run",
+        "Ends a run that has not finished as failed (reason `failed_by_operator`, the "
+        "reason as its error), compensating first where it has completed compensable "
+        "steps. A finished run is a 409.",
+        tokens.FAIL,
+        200,
+        "OperatedRun",
+        request="PauseRun",
+        params=(RUN_ID,),
+        errors=(400, 401, 403, 404, 409),
+    ),
+    Endpoint(
+        "bulkRuns",
+        "post",
+        "/bulk/",
+        "bulk",
+        "Act on every run that matches a filter",
+        "Cancels, retries, resumes, pauses or fails every run of the caller's tenants "
+        "that the list endpoint's `filters` match. With `dry_run` it answers the "
+        "matching count (200) and changes nothing; else it records a bulk operation "
+        "(202) that the worker works through in batches, each run through the same "
+        "operation as one run's endpoint (its event names the caller and the reason); "
+        "runs the action does not apply to are skipped and counted with the reason. "
+        "Follow it with `getBulkOperation`. Needs the action's own permission too.",
+        tokens.VIEW,
+        202,
+        "BulkOperation",
+        request="BulkRuns",
+        errors=(400, 401, 403),
+        also=((200, "A dry run: the matching count, nothing changed."),),
+    ),
+    Endpoint(
+        "getBulkOperation",
+        "get",
+        "/bulk/{operation_id}/",
+        "bulk-operation",
+        "Follow a bulk operation",
+        "Its progress: runs done, skipped (with the reasons) and errors so far.",
+        tokens.VIEW,
+        200,
+        "BulkOperation",
+        params=(
+            Param(
+                "operation_id",
+                "path",
+                {"type": "string", "format": "uuid"},
+                "The operation's id (a malformed one, or one of another caller, is a 404).",
+                required=True,
+            ),
+        ),
+        errors=(401, 403, 404),
     ),
     Endpoint(
         "restartRun",
@@ -378,6 +469,11 @@ def _operation(endpoint: Endpoint) -> dict[str, Any]:
             "content": {endpoint.media_type: {"schema": body}},
         }
     }
+    for status, description in endpoint.also:
+        responses[str(status)] = {
+            "description": description,
+            "content": {endpoint.media_type: {"schema": body}},
+        }
     if endpoint.media_type == "text/event-stream":
         responses["204"] = {"description": "The run had finished and nothing is left to send."}
     for status in endpoint.errors:

@@ -426,6 +426,65 @@ APPROVAL_PAGE: dict[str, Any] = {
     },
 }
 
+PAUSE_RUN = CANCEL_RUN
+
+#: A bulk operation's request (``kumiflow_django.bulk_runs``): the list
+#: endpoint's filters, an action, a reason; ``dry_run`` answers the count only.
+BULK_RUNS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["action"],
+    "properties": {
+        "action": {
+            "type": "string",
+            "enum": ["cancel", "retry", "resume", "pause", "fail"],
+            "description": "What is done to each matching run (through the same function "
+            "as one run's operation).",
+        },
+        "filters": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "The list endpoint's filters: which runs (of the caller's tenants).",
+            "properties": {
+                "workflow": {"type": "string", "maxLength": 200},
+                "status": {"type": "string", "enum": STATUSES},
+                "tenant": TENANT,
+                "paused": {"type": "boolean"},
+            },
+        },
+        "reason": _REASON,
+        "dry_run": {
+            "type": "boolean",
+            "description": "Only count the matching runs (the pre-flight count).",
+        },
+        "batch_size": {"type": "integer", "minimum": 1, "maximum": 10000},
+    },
+}
+
+BULK_OPERATION: dict[str, Any] = {
+    "type": "object",
+    "required": ["action", "matching"],
+    "properties": {
+        "id": {"type": ["string", "null"], "format": "uuid", "description": "Null: a dry run."},
+        "action": {"type": "string"},
+        "status": {"type": "string", "enum": ["dry_run", "running", "done"]},
+        "filters": {"type": "object"},
+        "matching": {"type": "integer", "description": "Runs matching when it was recorded."},
+        "done": {"type": "integer"},
+        "skipped": {"type": "integer"},
+        "errors": {"type": "integer"},
+        "skipped_reasons": {
+            "type": "object",
+            "additionalProperties": {"type": "integer"},
+            "description": "Why runs were skipped (the action's refusal), and how many.",
+        },
+        "by": {"type": "string"},
+        "reason": {"type": "string"},
+        "created_at": {"type": ["string", "null"], "format": "date-time"},
+        "finished_at": {"type": ["string", "null"], "format": "date-time"},
+    },
+}
+
 #: What an operation answers: the run, or only its summary to a caller that
 #: may operate runs but not view them (an operator bot's token).
 OPERATED_RUN: dict[str, Any] = {
@@ -452,6 +511,9 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "DecideApproval": DECIDE_APPROVAL,
     "Approval": APPROVAL,
     "ApprovalPage": APPROVAL_PAGE,
+    "PauseRun": PAUSE_RUN,
+    "BulkRuns": BULK_RUNS,
+    "BulkOperation": BULK_OPERATION,
 }
 
 _TYPES: dict[str, Any] = {

@@ -140,3 +140,22 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         return when.astimezone(UTC), uuid.UUID(run_id)
     except (binascii.Error, ValueError, TypeError, OverflowError, RecursionError):
         raise bad_request("cursor", "is not a cursor this API gave out") from None
+
+
+def bulk_operation(operation: Any) -> dict[str, Any]:
+    """A bulk operation as the API answers it (``BulkOperation``)."""
+    return {
+        "id": str(operation.id),
+        "action": operation.action,
+        "status": operation.status,
+        "filters": operation.filters,
+        "matching": operation.total,
+        "done": operation.done,
+        "skipped": operation.skipped,
+        "errors": operation.errors,
+        "skipped_reasons": operation.skipped_reasons,
+        "by": operation.by,
+        "reason": operation.reason,
+        "created_at": timestamp(operation.created_at),
+        "finished_at": timestamp(operation.finished_at),
+    }

@@ -20,14 +20,18 @@ from kumiflow_django import (
     UnknownWorkflow,
     append_event,
     cancel_run,
+    fail_run,
+    pause_run,
     restart_plan,
     restart_run,
+    resume_run,
     retry_run,
     start_workflow,
     wake_run,
 )
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.attributes import parse_filter
+from kumiflow_django.engine import bulk as bulk_ops
 from kumiflow_django.http import serializers, tokens
 from kumiflow_django.http.auth import Principal
 from kumiflow_django.http.errors import ApiError, bad_request, from_kumiflow
@@ -187,13 +191,14 @@ def append(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
 def operate(
     principal: Principal, run_id: str, operation: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    """Cancel, retry or wake a run of the caller's tenants, through the public functions.
+    """Cancel, retry, wake, pause, resume or fail a run of the caller's tenants,
+    through the public functions.
 
     The run is looked up in the caller's tenants first and the operation is
     then scoped to the run's tenant, so a run id of another tenant is a 404
     even for a caller with the permission.
     """
-    perm = {"cancel": tokens.CANCEL, "retry": tokens.RETRY, "wake": tokens.WAKE}[operation]
+    perm = PERMISSIONS[operation]
     principal.require(perm)
     run = find_run(principal, run_id)
     by = operator(principal)
@@ -213,6 +218,8 @@ def operate(
                 by=by,
                 reason=reason,
             )
+        elif operation in SIMPLE:
+            updated = SIMPLE[operation](run.id, tenant=run.tenant_id, by=by, reason=reason)
         else:
             updated = wake_run(run.id, tenant=run.tenant_id, by=by, reason=reason)
     except KumiflowError as exc:
@@ -265,6 +272,74 @@ def restart(principal: Principal, run_id: str, body: dict[str, Any]) -> dict[str
     if principal.has_perm(tokens.VIEW):
         return serializers.run_detail(new)
     return serializers.run_summary(new)
+
+
+#: The permission of each run operation (a bulk action needs its own too).
+PERMISSIONS = {
+    "cancel": tokens.CANCEL,
+    "retry": tokens.RETRY,
+    "wake": tokens.WAKE,
+    "pause": tokens.PAUSE,
+    "resume": tokens.PAUSE,
+    "fail": tokens.FAIL,
+}
+#: The operations that take only the reason.
+SIMPLE: dict[str, Callable[..., WorkflowRun]] = {
+    "pause": pause_run,
+    "resume": resume_run,
+    "fail": fail_run,
+}
+
+
+def bulk(principal: Principal, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The pre-flight count of a bulk operation (``dry_run``), or the operation
+    recorded for the worker (202), on the caller's tenants only."""
+    action = body["action"]
+    principal.require(PERMISSIONS[action])
+    filters = dict(body.get("filters") or {})
+    if "tenant" in filters:
+        filters["tenant"] = principal.tenant(filters["tenant"], field="filters.tenant")
+    filters["tenants"] = list(principal.tenants)
+    try:
+        by, reason = operator(principal), check_operator("", body.get("reason", ""))[1]
+        if body.get("dry_run"):
+            count = bulk_ops.preflight(action, filters)
+            return 200, {
+                "id": None,
+                "action": action,
+                "status": "dry_run",
+                "filters": filters,
+                "matching": count,
+            }
+        operation = bulk_ops.bulk_runs(
+            action,
+            filters=filters,
+            reason=reason,
+            by=by,
+            batch_size=body.get("batch_size", bulk_ops.DEFAULT_BATCH),
+            run=False,
+        )
+    except KumiflowError as exc:
+        raise from_kumiflow(exc) from exc
+    logger.info(
+        "bulk %s %s of %d runs by %s", operation.id, action, operation.total, principal.name
+    )
+    return 202, serializers.bulk_operation(operation)
+
+
+def get_bulk(principal: Principal, operation_id: str) -> dict[str, Any]:
+    """A bulk operation of the caller's tenants (its filter names them)."""
+    principal.require(tokens.VIEW)
+    try:
+        pk = uuid.UUID(operation_id)
+    except ValueError:
+        raise ApiError("not_found", "no such bulk operation") from None
+    operation = bulk_ops.BulkOperation.objects.filter(pk=pk).first()
+    if operation is None or not set(operation.filters.get("tenants") or ()) <= set(
+        principal.tenants
+    ):
+        raise ApiError("not_found", "no such bulk operation")
+    return serializers.bulk_operation(operation)
 
 
 def operator(principal: Principal) -> str:

@@ -26,7 +26,9 @@ START = "kumiflow.start_workflowrun"
 APPEND = "kumiflow.append_event"
 #: Deciding approvals (``decide_approval``); the admin checks it too.
 DECIDE = "kumiflow.decide_approval_workflowrun"
-API_PERMISSIONS = (VIEW, START, APPEND, CANCEL, RETRY, WAKE, DECIDE)
+PAUSE = "kumiflow.pause_workflowrun"
+FAIL = "kumiflow.fail_workflowrun"
+API_PERMISSIONS = (VIEW, START, APPEND, CANCEL, RETRY, WAKE, PAUSE, FAIL, DECIDE)
 
 #: Tokens start with this, so that a leaked one is recognisable (secret scanners).
 PREFIX = "kf_"

@@ -58,6 +58,14 @@ HANDLERS: dict[str, Handler] = {
     "restartRun": lambda c: (201, service.restart(c.principal, c.path["run_id"], c.body)),
     "listApprovals": lambda c: (200, approvals.list_approvals(c.principal, **c.query)),
     "decideApproval": lambda c: (200, approvals.decide(c.principal, c.path["run_id"], c.body)),
+    "pauseRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "pause", c.body)),
+    "resumeRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "resume", c.body)),
+    "failRun": lambda c: (200, service.operate(c.principal, c.path["run_id"], "fail", c.body)),
+    "bulkRuns": lambda c: service.bulk(c.principal, c.body),
+    "getBulkOperation": lambda c: (
+        200,
+        service.get_bulk(c.principal, c.path["operation_id"]),
+    ),
 }
 
 

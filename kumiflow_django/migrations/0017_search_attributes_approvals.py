@@ -16,7 +16,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("kumiflow", "0014_run_started_version"),
+        ("kumiflow", "0015_pause_and_bulk"),
     ]
 
     operations = [

@@ -11,10 +11,12 @@ that serve them, :mod:`kumiflow_django.definition.serving`), the lock rows in
 
 from kumiflow_django.definition.serving import WorkerProcess
 from kumiflow_django.definition.snapshots import DefinitionSnapshot
+from kumiflow_django.engine.bulk import BulkOperation
 from kumiflow_django.flow.models import FlowKey, FlowLimit, RateBucket
 from kumiflow_django.http.models import ApiToken
 from kumiflow_django.projections.attributes import RunAttribute
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
+from kumiflow_django.projections.pauses import PausedScope
 from kumiflow_django.projections.runs import Compensation, RunStatus, WorkflowRun
 from kumiflow_django.projections.schedules import CronSchedule
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
@@ -24,6 +26,7 @@ from kumiflow_django.store.models import Event
 
 __all__ = [
     "ApiToken",
+    "BulkOperation",
     "Compensation",
     "CronSchedule",
     "DefinitionSnapshot",
@@ -32,6 +35,7 @@ __all__ = [
     "Event",
     "FlowKey",
     "FlowLimit",
+    "PausedScope",
     "ProcessLock",
     "RunStatus",
     "RateBucket",

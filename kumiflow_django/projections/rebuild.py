@@ -12,7 +12,15 @@ from typing import Any
 
 from django.db import models
 
-from kumiflow_django.projections import attributes, dispatches, runs, schedules, tasks, waits
+from kumiflow_django.projections import (
+    attributes,
+    dispatches,
+    pauses,
+    runs,
+    schedules,
+    tasks,
+    waits,
+)
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.projections.user import projections
 from kumiflow_django.store import clock, db
@@ -113,6 +121,7 @@ def rebuild_all() -> dict[str, int]:
             ("dispatches", dispatches.DISPATCHES, ev.DISPATCH_EVENTS),
             ("schedules", schedules.SCHEDULES, ev.CRON_EVENTS),
             ("tasks", tasks.TASKS, ev.TASK_EVENTS),
+            ("paused scopes", pauses.PAUSES, ev.PAUSE_EVENTS),
         ]
         for name, stream, types in streams:
             stream.model._default_manager.all().delete()

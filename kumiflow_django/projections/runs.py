@@ -21,6 +21,7 @@ from kumiflow_django.definition.attributes import check_name, check_value, merge
 from kumiflow_django.definition.context import new_state
 from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.projections import attributes as attribute_index
+from kumiflow_django.projections.pauses import ScopeKind, paused_names
 from kumiflow_django.projections.stream import Stream
 from kumiflow_django.store import limits
 from kumiflow_django.store import names as ev
@@ -69,8 +70,20 @@ class WorkflowRunQuerySet(models.QuerySet["WorkflowRun", "WorkflowRun"]):
         other state), so no status filter is needed, and none is added: it
         would tempt the planner into the status index. The number of finished
         runs therefore does not matter. Callers re-check the status under lock.
+        Paused runs, and the runs of a paused workflow or tenant, are left out
+        (:meth:`claimable`).
         """
-        return self.filter(wake_at__lte=now)
+        return self.claimable().filter(wake_at__lte=now)
+
+    def claimable(self) -> WorkflowRunQuerySet:
+        """Runs a worker may claim: not paused, nor in a paused workflow or
+        tenant (two small subqueries of ``PausedScope``; the resume under the
+        run's lock checks again: ``engine.pausing.held``)."""
+        return (
+            self.filter(paused=False)
+            .exclude(workflow__in=paused_names(ScopeKind.WORKFLOW))
+            .exclude(tenant_id__in=paused_names(ScopeKind.TENANT))
+        )
 
     def finished(self) -> WorkflowRunQuerySet:
         return self.filter(status__in=FINISHED)
@@ -170,6 +183,10 @@ class WorkflowRun(models.Model):
     #: Search attributes (name -> str, int or bool), from ``run-started`` and
     #: ``attributes-set``; indexed in ``RunAttribute`` rows (projections.attributes).
     attributes = models.JSONField(_("search attributes"), default=dict, blank=True)
+    #: An operator paused the run (or its retries ran out under
+    #: ``on_exhausted="pause"``): no worker claims it until it is resumed. Its
+    #: status stays what it was, so a resume continues where it stood.
+    paused = models.BooleanField(_("paused"), default=False)
     # Operational, not projected from the log: which worker is running the
     # run's next segment, until when. Cleared when the segment commits.
     lease_owner = models.CharField(_("leased by"), max_length=limits.LEASE_OWNER, blank=True)
@@ -189,6 +206,8 @@ class WorkflowRun(models.Model):
             ("wake_workflowrun", "Can wake waiting workflow runs"),
             ("send_event_workflowrun", "Can send the awaited event to a waiting workflow run"),
             ("decide_approval_workflowrun", "Can decide approvals workflow runs wait at"),
+            ("pause_workflowrun", "Can pause and resume workflow runs"),
+            ("fail_workflowrun", "Can fail workflow runs"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -420,6 +439,7 @@ def _child_settled(run: WorkflowRun, event: Event) -> None:
 
 def _compensation_started(run: WorkflowRun, event: Event) -> None:
     p: pl.CompensationStarted = event.payload
+    run.paused = False  # an operator's fail or cancel of a paused run: its compensations run
     _clear_wait(run)
     run.status = RunStatus.WAITING
     run.wake_at = event.created_at
@@ -483,6 +503,7 @@ def _resumed(run: WorkflowRun, event: Event) -> None:
 
 
 def _completed(run: WorkflowRun, event: Event) -> None:
+    run.paused = False
     p: pl.RunCompleted = event.payload
     _clear_wait(run)
     run.status = RunStatus.COMPLETED
@@ -493,6 +514,7 @@ def _completed(run: WorkflowRun, event: Event) -> None:
 
 
 def _failed(run: WorkflowRun, event: Event) -> None:
+    run.paused = False
     p: pl.RunFailed = event.payload
     _clear_wait(run)
     run.status = RunStatus.FAILED
@@ -506,6 +528,7 @@ def _failed(run: WorkflowRun, event: Event) -> None:
 
 
 def _cancelled(run: WorkflowRun, event: Event) -> None:
+    run.paused = False
     p: pl.RunCancelled = event.payload
     _clear_wait(run)
     run.status = RunStatus.CANCELLED
@@ -518,7 +541,15 @@ def _cancelled(run: WorkflowRun, event: Event) -> None:
 
 def _retried(run: WorkflowRun, event: Event) -> None:
     p: pl.RunRetried = event.payload
-    restore = p["restore"]
+    _restore(run, p["restore"], event)
+    if "fingerprint" in p:
+        run.fingerprint = p["fingerprint"]
+        run.workflow_version = p.get("version") or ""
+
+
+def _restore(run: WorkflowRun, restore: pl.Restore, event: Event) -> None:
+    """The run back at the start of its failed segment (a retry, or the resume
+    of a run paused on exhausted retries)."""
     _clear_wait(run)
     run.status = restore["status"]
     run.cursor = restore["cursor"]
@@ -526,9 +557,6 @@ def _retried(run: WorkflowRun, event: Event) -> None:
     run.attempt = restore.get("attempt", 1)
     # Its restored waits (``awaited``, ``waits``) are its RunWait rows.
     run.matched_position = restore.get("matched_position")
-    if "fingerprint" in p:
-        run.fingerprint = p["fingerprint"]
-        run.workflow_version = p.get("version") or ""
     run.reason = ""
     run.last_error = ""
     run.finished_at = None
@@ -540,6 +568,27 @@ def _retried(run: WorkflowRun, event: Event) -> None:
         run.suspended_version = restore["suspended_version"]
     cursor = restore.get("cursor")
     run.compensation = Compensation.RUNNING if cursor and cursor[0] == COMPENSATE else ""
+
+
+def _paused(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunPaused = event.payload
+    if "restore" in p:  # its retries ran out: it stands where its failed segment began
+        _restore(run, p["restore"], event)
+    failure = p.get("failure")
+    if failure:  # what it would have failed with, for the console
+        run.last_error = failure["error"]
+        run.reason = failure["reason"]
+    run.paused = True
+
+
+def _unpaused(run: WorkflowRun, event: Event) -> None:
+    p: pl.RunResumed = event.payload
+    run.paused = False
+    if run.reason and run.compensation != Compensation.RUNNING:
+        # paused on exhausted retries: the failure it would have had is over
+        run.reason, run.last_error = "", ""
+    if "restore" in p:  # paused on exhausted retries: its failed segment again
+        _restore(run, p["restore"], event)
 
 
 def _recovered(run: WorkflowRun, event: Event) -> None:
@@ -593,6 +642,8 @@ FOLD: dict[str, Callable[[WorkflowRun, Event], None]] = {
     ev.RUN_CANCELLED: _cancelled,
     ev.RUN_RETRIED: _retried,
     ev.RUN_RECOVERED: _recovered,
+    ev.RUN_PAUSED: _paused,
+    ev.RUN_RESUMED: _unpaused,
     ev.SEGMENT_REFUSED: _segment_refused,
     ev.RUN_RESTARTED: _nothing,
     ev.RUN_ATTRIBUTES_SET: _attributes_set,

@@ -93,6 +93,10 @@ class InvalidApproval(KumiflowError, ValueError):
     """A decision the approval does not declare: a choice, a field, a type."""
 
 
+class InvalidPauseState(KumiflowError):
+    """A workflow or tenant pause does not apply (paused already, not paused)."""
+
+
 class DispatchNotFound(KumiflowError, LookupError):
     """No dispatch with that id exists."""
 

@@ -46,6 +46,11 @@ RUN_RESTARTED = "kumiflow.workflow.run-restarted"
 RUN_ATTRIBUTES_SET = "kumiflow.workflow.attributes-set"
 #: An operator (or code) decided an approval the run waits at (``decide_approval``).
 APPROVAL_DECIDED = "kumiflow.workflow.approval-decided"
+#: An operator paused the run (or its retries ran out under
+#: ``on_exhausted="pause"``): no worker claims it until it is resumed.
+RUN_PAUSED = "kumiflow.workflow.run-paused"
+#: An operator resumed a paused run: it is claimed again when due.
+RUN_RESUMED = "kumiflow.workflow.run-resumed"
 
 RUN_EVENTS = frozenset(
     {
@@ -72,6 +77,8 @@ RUN_EVENTS = frozenset(
         RUN_RESTARTED,
         RUN_ATTRIBUTES_SET,
         APPROVAL_DECIDED,
+        RUN_PAUSED,
+        RUN_RESUMED,
     }
 )
 
@@ -150,6 +157,8 @@ STATE_TOO_LARGE = "state_too_large"
 TASK_FAILED_REASON = "task_failed"
 CHILD_FAILED_REASON = "child_failed"
 UNSTORABLE_STATE = "unstorable_state"
+#: An operator failed the run (``fail_run``).
+FAILED_BY_OPERATOR = "failed_by_operator"
 #: A key resolver of the workflow's concurrency limit or rate raised (or
 #: returned something that is not a short string): the run never started.
 FLOW_KEY_FAILED = "flow_key_failed"
@@ -179,3 +188,12 @@ CRON_EVENTS = frozenset(
         CRON_DISABLED,
     }
 )
+
+#: Paused scopes: one stream per workflow or tenant an operator paused
+#: (``pause:workflow:<name>``, ``pause:tenant:<id>``).
+PAUSE_STREAM = "pause-scope"
+PAUSE_STREAM_PREFIX = "pause:"
+SCOPE_PAUSED = "kumiflow.pause.scope-paused"
+SCOPE_RESUMED = "kumiflow.pause.scope-resumed"
+
+PAUSE_EVENTS = frozenset({SCOPE_PAUSED, SCOPE_RESUMED})

@@ -135,6 +135,8 @@ class RunStarted(TypedDict):
     restart: NotRequired[dict[str, Any]]
     #: Search attributes resolved at the start (None-valued ones left out).
     attributes: NotRequired[dict[str, str | int | bool]]
+    #: An inline start recorded deferred: its workflow or tenant was paused.
+    paused: NotRequired[str]
 
 
 class Suspended(TypedDict):
@@ -217,6 +219,39 @@ class RunRetried(TypedDict):
     restore: Restore
     fingerprint: NotRequired[str]
     version: NotRequired[str | None]
+    by: NotRequired[str]
+    reason: NotRequired[str]
+
+
+class RunPaused(TypedDict):
+    """An operator's pause (``by``, ``reason``), or the engine's when a step's
+    retries ran out under ``on_exhausted="pause"``: ``failure`` is the
+    ``run-failed`` payload the run would have ended with."""
+
+    by: NotRequired[str]
+    reason: NotRequired[str]
+    failure: NotRequired[RunFailed]
+    restore: NotRequired[Restore]
+
+
+class RunResumed(TypedDict):
+    """``restore``: where a run paused on exhausted retries continues, when it
+    differs from where the pause left it (its task failed for good and runs
+    again: the run waits for the task's new outcome)."""
+
+    by: NotRequired[str]
+    reason: NotRequired[str]
+    restore: NotRequired[Restore]
+
+
+class ScopePaused(TypedDict):
+    kind: str
+    name: str
+    by: NotRequired[str]
+    reason: NotRequired[str]
+
+
+class ScopeResumed(TypedDict):
     by: NotRequired[str]
     reason: NotRequired[str]
 
@@ -495,6 +530,10 @@ PAYLOADS: dict[str, type[Any]] = {
     ev.RUN_RETRIED: RunRetried,
     ev.RUN_WOKEN: RunWoken,
     ev.RUN_RESTARTED: RunRestarted,
+    ev.RUN_PAUSED: RunPaused,
+    ev.RUN_RESUMED: RunResumed,
+    ev.SCOPE_PAUSED: ScopePaused,
+    ev.SCOPE_RESUMED: ScopeResumed,
     ev.RUN_RECOVERED: RunRecovered,
     ev.SEGMENT_REFUSED: SegmentRefused,
     ev.STEP_WAITING_FOR_CHILD: StepWaitingForChild,

@@ -369,8 +369,10 @@ class ResumeLoop(Loop):
         pool.shutdown(wait=True)
 
     def next_due(self) -> datetime | None:
+        # Claimable runs only: a paused run that is due would make every poll immediate.
         return (
-            WorkflowRun.objects.filter(wake_at__isnull=False)
+            WorkflowRun.objects.claimable()
+            .filter(wake_at__isnull=False)
             .order_by("wake_at")
             .values_list("wake_at", flat=True)
             .first()

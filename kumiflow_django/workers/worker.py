@@ -1,4 +1,4 @@
-"""The worker: the resume, dispatch, cron and task loops in one process.
+"""The worker: the resume, dispatch, cron, task and bulk loops in one process.
 
 Each loop runs in its own thread with its own database connection; one
 ``stop()`` (SIGINT/SIGTERM in ``kumiflow_worker``) lets each finish the item
@@ -16,6 +16,7 @@ from typing import Protocol
 from kumiflow_django.definition import serving
 from kumiflow_django.store import clock, db
 from kumiflow_django.store.telemetry import get_logger
+from kumiflow_django.workers.bulk import BulkLoop
 from kumiflow_django.workers.cron import CronLoop
 from kumiflow_django.workers.dispatch import DispatchLoop
 from kumiflow_django.workers.loop import Loop
@@ -100,6 +101,8 @@ class Worker:
                     settle_takeovers=True,
                 )
             )
+            # Bulk operations of runs go with resuming them (one poll per interval).
+            self.loops.append(BulkLoop(batch_size=batch_size, max_interval=max_interval))
         if dispatch:
             self.loops.append(DispatchLoop(batch_size=batch_size, max_interval=max_interval))
         if cron:

@@ -140,9 +140,22 @@ def test_every_answer_matches_the_document(document, token_client, registry):
     check("post", "/runs/{run_id}/approve/", decided)
     assert decided.json()["status"] == "completed"
     check("post", "/runs/{run_id}/approve/", api.post_json(approve, {"choice": "approve"}))
+    other = api.post_json(f"{API}runs/", {"workflow": "approval", "payload": {"order": 2}})
+    other_run = other.json()["id"]
+    check("post", "/runs/{run_id}/pause/", api.post_json(f"{API}runs/{other_run}/pause/"))
+    check("post", "/runs/{run_id}/pause/", api.post_json(f"{API}runs/{other_run}/pause/"))
+    check("post", "/runs/{run_id}/resume/", api.post_json(f"{API}runs/{other_run}/resume/"))
+    check("post", "/runs/{run_id}/fail/", api.post_json(f"{API}runs/{other_run}/fail/"))
+    bulk = {"action": "cancel", "filters": {"workflow": "approval"}}
+    check("post", "/bulk/", api.post_json(f"{API}bulk/", {**bulk, "dry_run": True}))
+    job = api.post_json(f"{API}bulk/", bulk)
+    check("post", "/bulk/", job)
+    check("post", "/bulk/", api.post_json(f"{API}bulk/", {"action": "explode"}))
+    check("get", "/bulk/{operation_id}/", api.get(f"{API}bulk/{job.json()['id']}/"))
+    check("get", "/bulk/{operation_id}/", api.get(f"{API}bulk/{uuid.uuid4()}/"))
 
     statuses = {status for _, _, status in check.seen}
-    assert statuses == {200, 201, 204, 400, 401, 403, 404, 409}
+    assert statuses == {200, 201, 202, 204, 400, 401, 403, 404, 409}
     operations = {(m, p) for m, p, _ in check.seen}
     assert operations == {(e.method, e.path) for e in openapi.ENDPOINTS}, "every operation"
 
