@@ -32,6 +32,8 @@ class Migration(migrations.Migration):
                         "Can send the awaited event to a waiting workflow run",
                     ),
                     ("decide_approval_workflowrun", "Can decide approvals workflow runs wait at"),
+                    ("pause_workflowrun", "Can pause and resume workflow runs"),
+                    ("fail_workflowrun", "Can fail workflow runs"),
                 ],
                 "verbose_name": "workflow run",
                 "verbose_name_plural": "workflow runs",
