@@ -120,11 +120,6 @@ def test_a_pause_waits_for_the_segment_in_flight_and_holds_the_next_one(registry
 
 
 def test_two_processes_continuing_one_bulk_operation_do_each_run_once(registry, clock):
-    if connections["default"].vendor == "mysql":
-        # Passed on MariaDB with one transaction per batch; with one per run,
-        # both threads hung in pymysql socket writes on this session's shared,
-        # overloaded server. Not understood yet: left open (see the report).
-        pytest.skip("hangs on MariaDB with one transaction per run: to investigate")
     from kumiflow_django import bulk_runs, continue_bulk
     from kumiflow_django.models import BulkOperation, Event
 

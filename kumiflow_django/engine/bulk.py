@@ -315,7 +315,7 @@ def _batch(operation_id: uuid.UUID, lease_seconds: float) -> tuple[BulkOperation
     if len(batch) < operation.batch_size and operation.status != BulkStatus.DONE:
         with db.atomic():  # nothing after it: done
             operation = for_update(BulkOperation.objects.filter(pk=operation_id)).get()
-            if operation.cursor is not None and operation.cursor >= batch[-1].pk:
+            if operation.cursor is not None and not _after(operation.cursor, batch[-1].pk):
                 _finish(operation, clock.now())
                 return operation, False
     return operation, operation.status != BulkStatus.DONE
@@ -332,7 +332,7 @@ def _run_one(
         try:
             with db.atomic():
                 operation = for_update(BulkOperation.objects.filter(pk=operation_id)).get()
-                if operation.cursor is not None and run.pk <= operation.cursor:
+                if not _after(operation.cursor, run.pk):
                     return operation  # another process did it meanwhile
                 _one(operation, run, refuse, operate, last_try=attempt == CONFLICT_ATTEMPTS)
                 _progress(operation, run.pk, clock.now())
@@ -340,6 +340,16 @@ def _run_one(
         except OperationConflict:
             logger.info("bulk %s: run %s lost a lock conflict; again", operation_id, run.pk)
     raise AssertionError("unreachable")  # pragma: no cover - the last try counts it
+
+
+def _after(cursor: uuid.UUID | None, pk: uuid.UUID) -> bool:
+    """Whether run ``pk`` comes after ``cursor`` in the database's order of
+    run ids, the order the batches are read in. Asked of the database, never
+    of Python: MariaDB's native UUID type sorts with the timestamp fields
+    swapped, so ``uuid.UUID`` comparison disagrees with its ``ORDER BY``."""
+    if cursor is None:
+        return True
+    return WorkflowRun.objects.filter(pk=pk, pk__gt=cursor).exists()
 
 
 def _progress(operation: BulkOperation, cursor: uuid.UUID, now: datetime) -> None:
