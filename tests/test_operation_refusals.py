@@ -165,8 +165,9 @@ def test_the_admin_offers_on_a_run_exactly_what_the_engine_accepts(admin_client,
     assert seen["compensated"] == {"restart"}  # start again, not retry
     assert seen["failed"] == {"retry", "retry-current", "restart"}
     assert seen["evolved"] == {"retry", "restart"}
-    assert seen["waiting"] == seen["compensating"] == {"cancel", "wake"}
-    assert seen["queued"] == {"cancel"}
+    assert seen["waiting"] == {"cancel", "wake", "pause", "fail"}
+    assert seen["compensating"] == {"cancel", "wake", "pause"}  # it ends as it compensates
+    assert seen["queued"] == {"cancel", "pause", "fail"}
     assert seen["completed"] == seen["cancelled"] == {"restart"}
 
 

@@ -112,7 +112,10 @@ def test_an_event_that_wakes_a_waiting_run_costs_what_it_did(registry):
     # (now one more: the wait's row), the wake-up 15 and 17 (the same now).
     one_writer = connection.vendor == "sqlite"
     assert len(suspending) <= (12 if one_writer else 15), suspending
-    assert len(waking) <= (15 if one_writer else 17), waking
+    # One more since pausing: the wake-up asks, under the run's lock, whether
+    # its workflow or tenant is paused (one indexed read of PausedScope, exact,
+    # not the start's one-second cache). To fold into the look-up: issue 27.
+    assert len(waking) <= (16 if one_writer else 18), waking
     # The look-up of the waits reads their runs in the same statement.
     joined = [q for q in waking if re.search(r"FROM [`\"]?kumiflow_runwait[`\"]? INNER JOIN", q)]
     assert joined, waking
