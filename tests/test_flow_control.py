@@ -659,3 +659,27 @@ def test_a_key_resolver_that_raises_system_exit_fails_that_start_only(registry):
     append_event("thing-1", "thing.done", {})  # the append itself goes through
     failed = WorkflowRun.objects.get(workflow="exits-debounced")
     assert (failed.status, failed.reason) == ("failed", ev.FLOW_KEY_FAILED)
+
+
+def test_the_sweep_wakes_a_parked_task_attempt_whose_key_has_a_free_slot(registry, clock):
+    """A release passes over a parked attempt another transaction holds (SKIP
+    LOCKED); the sweep finds it: its key has free slots and nothing runs."""
+    from kumiflow_django.engine import admission
+
+    define_workflow(
+        "enrich-one",
+        steps=[s.task("api", call_api, args=lambda ctx: [1], concurrency=Limit(key="k", max=1))],
+    )
+    start_workflow("enrich-one")
+    start_workflow("enrich-one")
+    [running] = attempts.claim_due(the_clock.now(), worker="w", limit=10)
+    stranded = StepTask.objects.get(status=TaskStatus.PENDING)
+    assert (stranded.held_by, stranded.next_attempt_at) == ("concurrency", None)
+    assert admission.wake_stranded() == 0  # parked behind a running attempt: stays
+    # As a lost wake would leave it: the running attempt ended, nobody woke the next.
+    StepTask.objects.filter(pk=running.task_id).update(status=TaskStatus.COMPLETED)
+    assert admission.wake_stranded() == 1
+    stranded.refresh_from_db()
+    assert stranded.next_attempt_at is not None
+    assert len(attempts.claim_due(the_clock.now(), worker="w", limit=10)) == 1
+    assert admission.wake_stranded() == 0

@@ -20,7 +20,7 @@ from kumiflow_django.definition.flow import resolve_key
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
-from kumiflow_django.flow import admission
+from kumiflow_django.flow import admission, gates
 from kumiflow_django.flow.admission import Admission, Concurrency, Hold, RateSpec
 from kumiflow_django.flow.gates import ACTIVE, RUNS
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
@@ -204,7 +204,12 @@ class StrandedSweep:
                     woken += release(run, recheck=True)
         if woken:
             logger.warning("flow control: woke %d parked run(s) whose key had a free slot", woken)
-        return woken
+        tasks = gates.wake_stranded_tasks(limit)
+        if tasks:
+            logger.warning(
+                "flow control: woke %d parked task attempt(s) whose key had a free slot", tasks
+            )
+        return woken + tasks
 
 
 def wake_stranded(limit: int = SWEEP_BATCH) -> int:
