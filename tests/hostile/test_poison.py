@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import IntegrityError, OperationalError, connection, connections, transaction
+from django.db import transaction
 
 from kumiflow_django import (
     append_event,
@@ -165,25 +165,6 @@ def test_a_refused_resume_keeps_the_run_where_it_was(refusing_projection, clock)
     assert run.wake_at == clock.now() + dt.timedelta(seconds=2)
     assert run.last_error.startswith("IntegrityError")
     assert types(run) == ["run-started", "step.waiting", "segment-refused"]
-
-
-def test_a_refusal_in_a_transaction_the_database_ended_raises_what_ended_it(
-    refusing_projection, monkeypatch
-):
-    """MariaDB ends the whole transaction on a deadlock: the segment's savepoint
-    is gone, its rollback fails, and Django marks the caller's transaction for
-    rollback. The refusal cannot be recorded (nor counted) in it: the caller
-    gets the error itself, not a ``TransactionManagementError`` from a query."""
-    define_workflow("refused", steps=[s.wait("PT1H"), s.return_(1)])
-    Tally.objects.create(key="poison")
-    wrapper = connections[connection.alias]  # the connection itself, not its proxy
-
-    def savepoint_gone(sid):
-        raise OperationalError(1305, f"SAVEPOINT {sid} does not exist")
-
-    with pytest.raises(IntegrityError), transaction.atomic():
-        monkeypatch.setattr(wrapper, "savepoint_rollback", savepoint_gone)
-        start_workflow("refused")
 
 
 # -- the soak: one poison run beside healthy ones, under a real worker ------------------
