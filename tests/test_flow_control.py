@@ -34,12 +34,13 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def every_active_limited_item_has_its_key_row():
-    """After each test: the invariant admission counts by (flow.gates.unkeyed)."""
-    from kumiflow_django.flow.gates import RUNS, TASKS, unkeyed
+def every_active_limited_item_has_its_key_row(registry):
+    """After each test, its workflows still defined: the invariant admission
+    counts by (flow.admission.violations)."""
+    from kumiflow_django.flow.admission import violations
 
     yield
-    assert (unkeyed(RUNS), unkeyed(TASKS)) == ([], [])
+    assert violations() == []
 
 
 def reload(run):
@@ -664,7 +665,7 @@ def test_a_key_resolver_that_raises_system_exit_fails_that_start_only(registry):
 def test_the_sweep_wakes_a_parked_task_attempt_whose_key_has_a_free_slot(registry, clock):
     """A release passes over a parked attempt another transaction holds (SKIP
     LOCKED); the sweep finds it: its key has free slots and nothing runs."""
-    from kumiflow_django.engine import admission
+    from kumiflow_django.flow import admission
 
     define_workflow(
         "enrich-one",

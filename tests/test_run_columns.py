@@ -70,7 +70,7 @@ FOLD_PATH = {
 SCHEDULER = {
     ("workers/resume.py", "lease"): "the resume loop leases due runs (its claim)",
     ("workers/resume.py", "_release"): "and gives back a lease it did not use",
-    ("engine/admission.py", "park"): "a due queued run still held waits again",
+    ("flow/gates.py", "park"): "a due queued run still held waits again",
     ("flow/gates.py", "wake"): "a freed slot makes the next parked runs due",
     ("flow/limits.py", "_wake_scope"): "a changed limit re-checks the parked runs",
     ("projections/rebuild.py", "_recheck_queued"): "a rebuilt table re-checks queued runs",

@@ -31,7 +31,8 @@ from kumiflow_django.admin.timeline import Line, lines, stream_url
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import outline, snapshot
-from kumiflow_django.engine import admission, unserved
+from kumiflow_django.engine import unserved
+from kumiflow_django.flow import admission
 from kumiflow_django.projections.dispatches import Dispatch, DispatchStatus
 from kumiflow_django.projections.runs import COMPENSATE, FINISHED, RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask

@@ -36,9 +36,9 @@ from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Cancellation, ChildRequest, TriggerEvent
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
-from kumiflow_django.engine import admission
 from kumiflow_django.engine.run_start import ParentLink, RunStart
-from kumiflow_django.flow import gates
+from kumiflow_django.flow import admission
+from kumiflow_django.flow.admission import Item
 from kumiflow_django.outbox.actions import cancel_dispatch
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch
 from kumiflow_django.projections.lock_order import lock_runs
@@ -206,7 +206,7 @@ def ended(
     # for the run, never for a key.
     after_end(run, cancelled=cancelled, notify_parent=notify_parent)
     if release and run.flow_key:
-        admission.release(run)
+        admission.release(Item.run(run))
 
 
 def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) -> None:
@@ -224,7 +224,7 @@ def after_end(run: WorkflowRun, *, cancelled: bool, notify_parent: bool = True) 
         cancelled_task = append_task(
             task, ev.TASK_CANCELLED, {"reason": f"run {run.id} is {run.status}"}
         )
-        gates.release_task(cancelled_task)  # a limited attempt's slot frees
+        admission.release(Item.attempt(cancelled_task))  # a limited attempt's slot frees
     if cancelled:
         pending = Dispatch.objects.filter(run_id=run.id, status__in=DELIVERABLE)
         for dispatch_id in pending.values_list("id", flat=True):
@@ -313,7 +313,7 @@ def cancel(run: WorkflowRun, cancellations: list[Cancellation]) -> None:
                 cancelled_task = append_task(
                     task, ev.TASK_CANCELLED, {"reason": "its branch was cancelled"}
                 )
-                gates.release_task(cancelled_task)
+                admission.release(Item.attempt(cancelled_task))
         elif item.what == "dispatch":
             dispatch = Dispatch.objects.filter(pk=target, run_id=run.id, status__in=DELIVERABLE)
             if dispatch.exists():

@@ -15,7 +15,7 @@ from typing import Any
 from kumiflow_django.definition.context import Trigger, Wake
 from kumiflow_django.definition.workflow import Workflow
 from kumiflow_django.engine.failure import Failure
-from kumiflow_django.flow.admission import Pending
+from kumiflow_django.flow.admission import Unwritten
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import payloads as pl
 
@@ -60,8 +60,8 @@ class Opening:
     workflow_name: str = ""
     #: The trace context the run continues (a new run's origin; telemetry).
     trace: dict[str, str] | None = None
-    #: A new limited run admitted in this segment (counted as active until written).
-    flow_entry: Pending | None = None
+    #: A limited run admitted in this segment (counted as active until written).
+    unwritten: Unwritten | None = None
     version: int = field(init=False)
 
     def __post_init__(self) -> None:

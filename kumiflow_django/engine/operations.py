@@ -30,8 +30,8 @@ from kumiflow_django.engine import children, compensation, resuming
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.restore import retry_point
 from kumiflow_django.engine.segment import Segment
-from kumiflow_django.flow.admission import lock_key
-from kumiflow_django.flow.gates import RUNS as RUNS_GATE
+from kumiflow_django.flow import admission
+from kumiflow_django.flow.admission import Item
 from kumiflow_django.projections import lock_order, pauses
 from kumiflow_django.projections.pauses import PausedScope, ScopeKind
 from kumiflow_django.projections.runs import (
@@ -250,10 +250,9 @@ def retry_run(
             payload["fingerprint"] = current.fingerprint
             payload["version"] = current.version
             remember(current)
-        if run.flow_key:
-            # It takes its slot at once (an operator's decision), and like every
-            # active run its key has its row (flow control's count relies on it).
-            lock_key(RUNS_GATE.kind, run.flow_scope, run.flow_key)
+        # It takes its slot at once (an operator's decision), and like every
+        # active run its key has its row (flow control's count relies on it).
+        admission.take(Item.run(run))
         updated = _append(run, ev.RUN_RETRIED, audited(payload, by, reason), by)
         if task is not None:
             work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)

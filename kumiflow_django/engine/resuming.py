@@ -39,13 +39,14 @@ from kumiflow_django.definition.matching import Cutoff, Wait, awaited_as
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import admission, compensation, deploys
+from kumiflow_django.engine import compensation, deploys
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps
 from kumiflow_django.engine.pausing import held
 from kumiflow_django.engine.runner import execute
 from kumiflow_django.engine.segment import Segment
-from kumiflow_django.flow.admission import Pending
+from kumiflow_django.flow import admission
+from kumiflow_django.flow.admission import Item, Unwritten
 from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
@@ -140,14 +141,14 @@ def _admitted(run: WorkflowRun, recovered: pl.Recovered | None) -> Prepared:
     workflow = found.workflow
     if workflow.fingerprint != run.fingerprint:
         remember(workflow)
-    hold = admission.admit_queued(run, workflow)
-    if hold is not None:
-        admission.park(run, hold)
+    item = Item.run(run, workflow)
+    admitted = admission.admit(item)  # parked again when it is still held
+    if admitted.hold is not None:
         return None
     # Its row says queued until the segment is written: a start in the segment
     # (an event it appends) must count it as active all the same.
-    entry = Pending(run.flow_scope, run.flow_key, quiet=False) if run.flow_key else None
-    return opening(run, None, recovered, workflow=workflow, flow_entry=entry)
+    unwritten = admission.unwritten(item, admitted)
+    return opening(run, None, recovered, workflow=workflow, unwritten=unwritten)
 
 
 def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
@@ -298,7 +299,7 @@ def opening(
     recovered: pl.Recovered | None = None,
     *,
     workflow: Workflow | None = None,
-    flow_entry: Pending | None = None,
+    unwritten: Unwritten | None = None,
 ) -> Opening:
     """The segment that continues a locked, suspended run (or records why it
     cannot). ``workflow``: the definition an admitted queued run starts on."""
@@ -366,7 +367,7 @@ def opening(
             run,
             first=[(ev.RUN_ADMITTED, admitted)],
             steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
-            flow_entry=flow_entry,
+            unwritten=unwritten,
         )
     resumed: pl.StepResumed = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
     if recovered:

@@ -41,11 +41,12 @@ from kumiflow_django.definition.context import (
     WakeReason,
     new_state,
 )
+from kumiflow_django.definition.flow import resolve_key
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import admission
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps, current_depth, keyed_run
-from kumiflow_django.flow.admission import Pending
+from kumiflow_django.flow import admission
+from kumiflow_django.flow.admission import Item, Unwritten
 from kumiflow_django.projections.pauses import start_paused
 from kumiflow_django.store import db, limits, telemetry
 from kumiflow_django.store import names as ev
@@ -165,20 +166,24 @@ class RunStart:
             else:
                 if attributes:
                     started["attributes"] = attributes
-        held = quiet = False
+        held = False
         flow: dict[str, Any] | None = None
+        unwritten: Unwritten | None = None
         if reason is None:
             try:
-                flow = admission.resolve(workflow, self.trigger)
+                flow = flow_keys(workflow, self.trigger)
             except Failure as unresolved:
                 reason, flow = unresolved, None
             if self.debounce is not None:
                 flow = {**(flow or {}), **self.debounce}
             elif flow is not None:
-                admitted = admission.admit_new(workflow, flow)
-                quiet = admitted.quiet
+                item = Item.run_start(self.run_id, workflow, flow)
+                admitted = admission.admit(item)
                 if admitted.hold is not None:
-                    flow["held"] = admission.held_payload(admitted.hold)
+                    flow["held"] = admitted.hold.payload()
+                # counted as active until its row is written; ending in this
+                # segment with nothing parked behind its key meanwhile wakes nobody
+                unwritten = admission.unwritten(item, admitted)
             if flow is not None:
                 started["flow"] = flow
                 held = "held" in flow
@@ -208,13 +213,7 @@ class RunStart:
             failure=reason,
             key=self.key,
             workflow_name=workflow.name,
-            # counted as active until its row is written; ending in this
-            # segment with nothing parked behind its key meanwhile wakes nobody
-            flow_entry=(
-                Pending(flow["scope"], flow["key"], quiet=quiet)
-                if flow is not None and flow.get("key") and not held
-                else None
-            ),
+            unwritten=unwritten,
             # telemetry: the run's origin, stored on run-started
             trace=(telemetry.carried(self.trigger.metadata) or telemetry.carrier())
             if telemetry.tracing()
@@ -298,3 +297,27 @@ def trigger_ref(trigger: Trigger) -> dict[str, Any]:
             version=trigger.version,
         )
     return ref
+
+
+def flow_keys(workflow: Workflow, trigger: Trigger) -> dict[str, Any] | None:
+    """The run's flow keys (for ``run-started``); raises Failure when a key
+    resolver raises or returns something that is not a short string."""
+    if workflow.concurrency is None and workflow.rate is None:
+        return None
+    flow: dict[str, Any] = {}
+    try:
+        if workflow.concurrency is not None:
+            flow["scope"] = admission.scope_of(workflow)
+            flow["key"] = resolve_key(workflow.concurrency.key, trigger, "the concurrency key")
+        if workflow.rate is not None:
+            flow["rate_key"] = resolve_key(workflow.rate.key, trigger, "the rate key")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # user code: SystemExit fails the start like any error
+        if db.is_transient(exc):
+            raise
+        raise Failure(
+            ev.FLOW_KEY_FAILED,
+            clean_text(f"{type(exc).__name__} resolving a flow key: {exc}", 600),
+        ) from exc
+    return flow

@@ -32,7 +32,7 @@ from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, keyed_run
 from kumiflow_django.engine.run_start import RunStart
 from kumiflow_django.engine.segment import Segment, advance
-from kumiflow_django.flow.admission import admitted_until_written
+from kumiflow_django.flow.admission import counted_until_written
 from kumiflow_django.projections import lock_order
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
@@ -74,7 +74,7 @@ def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> Workflow
                 return prepared
             opening = prepared
             watch.open(opening)
-            with admitted_until_written(opening.flow_entry):
+            with counted_until_written(opening.unwritten):
                 return _run(opening)
     except Failure as failure:  # a step failed: its segment was rolled back as a whole
         assert opening is not None
@@ -99,7 +99,6 @@ def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> Workflow
 
 def _run(opening: Opening) -> WorkflowRun:
     segment = Segment(opening.run_id, opening.tenant, opening.row)
-    segment.flow_entry = opening.flow_entry
     for type_, payload in opening.first:
         observed.stamp(segment.add(type_, dict(payload)), opening)
     if opening.failure is not None:  # known before anything runs: nothing to roll back

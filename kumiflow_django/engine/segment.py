@@ -33,10 +33,10 @@ from kumiflow_django.definition.context import (
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.definition.step import path_text
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import admission, children, compensation
+from kumiflow_django.engine import children, compensation
 from kumiflow_django.engine.failure import Failure, capped_steps, capped_traceback
 from kumiflow_django.engine.opening import segment_depth as _depth
-from kumiflow_django.flow.admission import Pending
+from kumiflow_django.flow import admission
 from kumiflow_django.outbox.requests import opened
 from kumiflow_django.projections.dispatches import DispatchStatus
 from kumiflow_django.projections.runs import FINISHED, RUNS, RunStatus, WorkflowRun
@@ -87,8 +87,6 @@ class Segment:
         self.was_finished = run is not None and run.status in FINISHED
         #: Its end frees a slot of its key (a new run's: if it was admitted).
         self.held_slot = run is None or admission.holds_slot(run)
-        #: Set by the runner: a new run admitted in this segment (flow control).
-        self.flow_entry: Pending | None = None
 
     def add(self, type_: str, payload: pl.Payload, *, created_by: str = "") -> Event:
         return self.run.add(type_, payload, created_by=created_by)
@@ -148,8 +146,9 @@ class Segment:
         write([self.run, *self.dispatches, *self.tasks])
         if self.cancellations:
             children.cancel(row, self.cancellations)
-        if self.flow_entry is not None:
-            self.flow_entry.written = True  # counted from its row now
+        # A run admitted in this segment is counted from its row now; whether
+        # nothing parked behind its key meanwhile (flow/admission.py).
+        quiet = admission.written(row.id)
         cancelled = row.status == RunStatus.CANCELLED or (
             (row.state or {}).get("compensating", {}).get("then") == "cancelled"
         )
@@ -157,8 +156,7 @@ class Segment:
             # A new run that ended in its first segment with nothing parked
             # behind its key meanwhile frees no slot anyone waits for; a run
             # parked behind its key held none.
-            quiet = self.run.new and self.flow_entry is not None and self.flow_entry.quiet
-            release = self.held_slot and not quiet
+            release = self.held_slot and not (self.run.new and quiet)
             children.ended(row, had_waits=self.had_waits, cancelled=cancelled, release=release)
         elif last is not None and last.type == ev.COMPENSATION_STARTED:
             children.after_end(row, cancelled=cancelled)

@@ -1,4 +1,7 @@
-"""What "active" and "parked" mean for runs and for task attempts.
+"""What "active", "woken" and "parked" mean for each kind of item flow
+control admits: runs and task attempts. The rules (when an item is admitted,
+parked, woken, released) are :mod:`kumiflow_django.flow.admission`'s; this
+module is each kind's rows, nothing else.
 
 A run is active from its admission until it finishes (running, waiting,
 sleeping, retrying: "started and not finished"); a queued run is parked
@@ -9,7 +12,7 @@ Waking sets the wake time to now, in order of priority, then of arrival
 A parked run another transaction holds is waited for when it is next in
 line: an operator's check, a worker's read or a cancellation may hold it,
 and none of them takes the key afterwards (a parked run's end frees no slot,
-:func:`kumiflow_django.engine.admission.holds_slot`). A parked attempt is
+:func:`kumiflow_django.flow.admission.holds_slot`). A parked attempt is
 only ever held by what ends it (a cancellation, which then takes its key):
 it is skipped.
 """
@@ -17,28 +20,20 @@ it is skipped.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import QuerySet
 
-from kumiflow_django.definition.durations import parse_duration
-from kumiflow_django.flow.admission import (
-    CONCURRENCY,
-    Concurrency,
-    RateSpec,
-    admit,
-    lock_bucket,
-    lock_key,
-    pending_count,
-    release,
-    window_of,
-)
-from kumiflow_django.flow.models import FlowKey
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock
 from kumiflow_django.store.db import for_update
 from kumiflow_django.store.wakeups import WorkKind, work_committed
+
+#: What holds an item (its ``held_by``): a full key, a used-up rate, a debounce.
+CONCURRENCY = "concurrency"
+RATE = "rate"
+DEBOUNCE = "debounce"
 
 #: A run in one of these states holds a slot of its key.
 ACTIVE = (
@@ -49,6 +44,34 @@ ACTIVE = (
     RunStatus.RETRY_SCHEDULED,
 )
 
+Row_contra = TypeVar("Row_contra", WorkflowRun, StepTask, contravariant=True)
+
+
+class Gate(Protocol[Row_contra]):
+    """How flow control counts, wakes and parks the items of one kind.
+
+    ``wake`` returns how many it woke, and whether it found every parked item
+    (fewer than it looked for, read without a lock): only then may the key's
+    count of parked items go back to zero."""
+
+    kind: str
+
+    def active_rows(self) -> QuerySet[Any, Any]: ...
+
+    def parked_rows(self) -> QuerySet[Any, Any]: ...
+
+    def active(self, scope: str, key: str) -> int: ...
+
+    def woken(self, scope: str, key: str) -> int:
+        """Items woken and not admitted yet: a slot is theirs."""
+        ...
+
+    def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]: ...
+
+    def park(self, row: Row_contra, why: str, until: datetime | None) -> None: ...
+
+    def admitted(self, row: Row_contra) -> None: ...
+
 
 class Runs:
     kind = "run"
@@ -56,10 +79,15 @@ class Runs:
     def active_rows(self) -> QuerySet[WorkflowRun, WorkflowRun]:
         return WorkflowRun.objects.filter(status__in=ACTIVE)
 
+    def parked_rows(self) -> QuerySet[WorkflowRun, WorkflowRun]:
+        return WorkflowRun.objects.filter(
+            status=RunStatus.QUEUED, held_by=CONCURRENCY, wake_at__isnull=True
+        )
+
     def active(self, scope: str, key: str) -> int:
-        """Active rows, and runs admitted in this transaction not written yet."""
-        written = self.active_rows().filter(flow_scope=scope, flow_key=key).count()
-        return written + pending_count(scope, key)
+        """Active rows (runs admitted in this transaction whose row is not
+        written yet are the admission's to add)."""
+        return self.active_rows().filter(flow_scope=scope, flow_key=key).count()
 
     def woken(self, scope: str, key: str) -> int:
         return WorkflowRun.objects.filter(
@@ -71,13 +99,7 @@ class Runs:
         ).count()
 
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
-        parked = WorkflowRun.objects.filter(
-            flow_scope=scope,
-            flow_key=key,
-            status=RunStatus.QUEUED,
-            held_by=CONCURRENCY,
-            wake_at__isnull=True,
-        )
+        parked = self.parked_rows().filter(flow_scope=scope, flow_key=key)
         ids, everyone = _lock_first(
             parked, ("-priority", "started_at", "since_position"), n, wait=True
         )
@@ -87,12 +109,27 @@ class Runs:
             work_committed(WorkKind.RESUME, now)
         return len(ids), everyone
 
+    def park(self, row: WorkflowRun, why: str, until: datetime | None) -> None:
+        """A due queued run that may not run yet waits again (not an event: the
+        log says it is queued; when it is checked again is the worker's business)."""
+        WorkflowRun.objects.filter(pk=row.id).update(
+            wake_at=until, held_by=why, lease_owner="", lease_until=None
+        )
+
+    def admitted(self, row: WorkflowRun) -> None:
+        """Nothing to write: the run's ``run-admitted`` says so, in its segment."""
+
 
 class Tasks:
     kind = "task"
 
     def active_rows(self) -> QuerySet[StepTask, StepTask]:
         return StepTask.objects.filter(status=TaskStatus.RUNNING)
+
+    def parked_rows(self) -> QuerySet[StepTask, StepTask]:
+        return StepTask.objects.filter(
+            status=TaskStatus.PENDING, held_by=CONCURRENCY, next_attempt_at__isnull=True
+        )
 
     def active(self, scope: str, key: str) -> int:
         return self.active_rows().filter(flow_scope=scope, flow_key=key).count()
@@ -107,13 +144,7 @@ class Tasks:
         ).count()
 
     def wake(self, scope: str, key: str, n: int) -> tuple[int, bool]:
-        parked = StepTask.objects.filter(
-            flow_scope=scope,
-            flow_key=key,
-            status=TaskStatus.PENDING,
-            held_by=CONCURRENCY,
-            next_attempt_at__isnull=True,
-        )
+        parked = self.parked_rows().filter(flow_scope=scope, flow_key=key)
         ids, everyone = _lock_first(parked, ("-priority", "created_at"), n, wait=False)
         if ids:
             now = clock.now()
@@ -123,6 +154,22 @@ class Tasks:
             for task_id, run_id, backend in rows:
                 work_committed(WorkKind.TASK, now, run_id, task_id if backend else None)
         return len(ids), everyone
+
+    def park(self, row: StepTask, why: str, until: datetime | None) -> None:
+        """Operational, not an event: no next attempt time until a slot frees
+        (or the rate's next window); a backend's task is handed to it again
+        once it is due."""
+        parked = StepTask.objects.filter(pk=row.id)
+        if row.backend:
+            parked.update(next_attempt_at=until, held_by=why, enqueued_attempt=row.attempt)
+        else:
+            parked.update(next_attempt_at=until, held_by=why)
+
+    def admitted(self, row: StepTask) -> None:
+        """An attempt that was held is not any more (operational, like the parking)."""
+        if row.held_by:
+            StepTask.objects.filter(pk=row.id).update(held_by="")
+            row.held_by = ""
 
 
 def _lock_first(
@@ -167,103 +214,5 @@ def _lock_first(
 #: Extra rows read beyond those to wake, in case some are held by others.
 WAKE_SLACK = 8
 
-
 RUNS = Runs()
 TASKS = Tasks()
-
-
-def unkeyed(gate: Runs | Tasks) -> list[tuple[str, str]]:
-    """The invariant the count under a key's lock relies on, written once:
-    every active limited item has its key's row (created by its admission,
-    or by :func:`~kumiflow_django.flow.admission.lock_key` wherever an item
-    becomes active otherwise, as ``retry_run`` does; deleted only when the
-    key has nothing active or parked). A key without its row is taken for a
-    new one, and admits without counting. Returns the (scope, key) of the
-    active items that break it: none, unless something wrote around it."""
-    keyed = FlowKey.objects.filter(
-        kind=gate.kind, scope=OuterRef("flow_scope"), key=OuterRef("flow_key")
-    )
-    broken = gate.active_rows().exclude(flow_key="").filter(~Exists(keyed))
-    return sorted(set(broken.values_list("flow_scope", "flow_key")))
-
-
-def task_limits(task: StepTask) -> tuple[Concurrency | None, RateSpec | None]:
-    """A task's concurrency limit and rate, as its ``task.requested`` recorded them."""
-    flow = task.flow or {}
-    concurrency = None
-    if task.flow_key and "max" in flow:
-        concurrency = Concurrency(task.flow_scope, task.flow_key, int(flow["max"]))
-    rate = None
-    if flow.get("rate"):
-        r = flow["rate"]
-        rate = RateSpec(r["scope"], r["key"], int(r["limit"]), parse_duration(r["per"]))
-    return concurrency, rate
-
-
-def admit_task(task: StepTask, now: datetime) -> bool:
-    """Whether the task's next attempt may start now; if not, it is parked
-    (no next attempt time until a slot frees, or the rate's next window)."""
-    concurrency, rate = task_limits(task)
-    if concurrency is None and rate is None:
-        return True
-    hold = admit(TASKS, concurrency, rate, new=task.held_by != CONCURRENCY, now=now).hold
-    if hold is None:
-        if task.held_by:  # operational, like the parking: not an event
-            StepTask.objects.filter(pk=task.id).update(held_by="")
-            task.held_by = ""
-        return True
-    parked: dict[str, object] = {"next_attempt_at": hold.until, "held_by": hold.why}
-    if task.backend:  # handed to its backend again once it is due
-        parked["enqueued_attempt"] = task.attempt
-    StepTask.objects.filter(pk=task.id).update(**parked)
-    return False
-
-
-def release_task(task: StepTask) -> None:
-    """A limited attempt stopped running (in this transaction): wake parked ones."""
-    concurrency, _ = task_limits(task)
-    if concurrency is not None:
-        release(TASKS, concurrency)
-
-
-def wake_stranded_tasks(limit: int) -> int:
-    """The task half of the safety net under the wakes
-    (:class:`~kumiflow_django.engine.admission.StrandedSweep`): parked attempts
-    whose key has a free slot. A release wakes parked attempts with SKIP
-    LOCKED, so one that another transaction held at that moment is passed
-    over and nothing else looks at it again (seen on MariaDB under four
-    workers: 16 attempts parked, none running). Reads at most ``limit``
-    parked attempts (the due index: no next attempt time) and checks each
-    of their keys once, under the key's lock, as a release does."""
-    rows = StepTask.objects.filter(
-        next_attempt_at__isnull=True, status=TaskStatus.PENDING, held_by=CONCURRENCY
-    ).values_list("id", "flow_scope", "flow_key")[:limit]
-    first_of_key: dict[tuple[str, str], Any] = {}
-    for pk, scope, key in rows:
-        if key:
-            first_of_key.setdefault((scope, key), pk)
-    woken = 0
-    for pk in first_of_key.values():
-        with db.atomic():
-            task = StepTask.objects.filter(pk=pk).first()
-            concurrency = task_limits(task)[0] if task is not None else None
-            if concurrency is not None:
-                woken += release(TASKS, concurrency, recheck=True)
-    return woken
-
-
-def lock_batch(tasks: list[StepTask], now: datetime) -> None:
-    """Lock the keys, then the rate buckets, of a batch of attempts about to be
-    admitted, each in sorted order: the order one admission takes them in."""
-    keys = set()
-    buckets = set()
-    for task in tasks:
-        concurrency, rate = task_limits(task)
-        if concurrency is not None:
-            keys.add((concurrency.scope, concurrency.key))
-        if rate is not None:
-            buckets.add((rate.scope, rate.key, window_of(now, rate.period)))
-    for scope, key in sorted(keys):
-        lock_key(TASKS.kind, scope, key)  # (a new row is locked as it is inserted)
-    for scope, key, window in sorted(buckets):
-        lock_bucket(scope, key, window)

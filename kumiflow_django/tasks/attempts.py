@@ -36,7 +36,8 @@ from django.db import IntegrityError
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.backoff import BackoffPolicy
 from kumiflow_django.definition.durations import isoformat
-from kumiflow_django.flow import gates
+from kumiflow_django.flow import admission
+from kumiflow_django.flow.admission import Item
 from kumiflow_django.projections import claims
 from kumiflow_django.projections.claims import unclaimed
 from kumiflow_django.projections.lock_order import lock_owned
@@ -107,7 +108,7 @@ def claim(task_id: uuid.UUID, *, worker: str, attempt: int | None = None) -> Att
         number = task.attempt + 1
         if attempt is not None and attempt != number:
             return None  # a hand-off of an older attempt
-        if not gates.admit_task(task, now):
+        if admission.admit(Item.attempt(task), now=now).hold is not None:
             return None  # parked: a slot or the rate's next window hands it off again
         return append(
             task,
@@ -146,10 +147,11 @@ def claim_due(
         # Every key and rate bucket of the batch locked first, keys then
         # buckets, each in sorted order (as a single admission takes them):
         # two claims of overlapping batches cannot deadlock.
-        gates.lock_batch(rows, now)
+        items = [Item.attempt(task) for task in rows]
+        admission.lock_batch(items, now)
         changes = []
-        for task in rows:
-            if not gates.admit_task(task, now):
+        for task, item in zip(rows, items, strict=True):
+            if admission.admit(item, now=now).hold is not None:
                 continue  # parked until a slot frees or the rate's next window
             change = Change(
                 TASKS,
@@ -309,7 +311,7 @@ def record(attempt: Attempt, outcome: Outcome) -> StepTask | None:
             )
         else:
             updated = _failed(task, attempt.number, outcome)
-        gates.release_task(updated)  # its slot frees: wake an attempt parked behind it
+        admission.release(Item.attempt(updated))  # its slot frees: wake one parked behind it
         return updated
 
 
@@ -376,5 +378,5 @@ def _give_up(task: StepTask, now: datetime, *, late: bool = False) -> StepTask:
     seconds = max((ran - started).total_seconds(), 0.0)
     outcome = Outcome(ok=False, error=why, error_type=error_type, duration=seconds)
     updated = _failed(task, task.attempt, outcome)
-    gates.release_task(updated)
+    admission.release(Item.attempt(updated))
     return updated

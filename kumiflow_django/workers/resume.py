@@ -12,7 +12,7 @@ another worker resumes the run and records the recovery in the run's
 stream, where the admin shows it.
 
 Every :data:`STRANDED_SWEEP_SECONDS` a pass also looks for parked runs whose
-key has a free slot (a lost wake: :class:`~kumiflow_django.engine.admission.StrandedSweep`).
+key has a free slot (a lost wake: :class:`~kumiflow_django.flow.admission.StrandedSweep`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from kumiflow_django.conf import settings
 from kumiflow_django.definition import serving
 from kumiflow_django.definition.durations import isoformat
 from kumiflow_django.engine import unserved
-from kumiflow_django.engine.admission import StrandedSweep
 from kumiflow_django.engine.resuming import resume_run
+from kumiflow_django.flow.admission import StrandedSweep
 from kumiflow_django.projections.claims import claim, unclaimed
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import clock, db, leases
