@@ -226,7 +226,8 @@ def test_a_release_passes_over_a_held_parked_attempt_and_the_sweep_wakes_it(regi
     try:
         assert locked.wait(30)
         # The running attempt ends while the parked one is held: its release skips it.
-        assert attempts.record(running, attempts.run(running)).status == TaskStatus.COMPLETED
+        recorded = attempts.record(running, attempts.run(running))
+        assert recorded is not None and recorded.status == TaskStatus.COMPLETED
     finally:
         done.set()
         holder.join(30)

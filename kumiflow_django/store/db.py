@@ -140,9 +140,8 @@ def transaction_broken() -> BaseException | None:
     conn = connection()
     if not (conn.in_atomic_block and conn.needs_rollback):
         return None
-    return conn.rollback_exc or TransactionManagementError(
-        "the transaction was marked for rollback"
-    )
+    cause: BaseException | None = getattr(conn, "rollback_exc", None)  # not in django-stubs
+    return cause or TransactionManagementError("the transaction was marked for rollback")
 
 
 def for_update[M: Model](qs: QuerySet[M, M], *, skip_locked: bool = False) -> QuerySet[M, M]:
