@@ -182,3 +182,68 @@ def test_a_failing_sweep_does_not_stop_the_resumes_but_an_outage_fails_the_pass(
     away = OperationalError(2006, "MySQL server has gone away")
     with mock.patch.object(loop, "_stranded", side_effect=away), pytest.raises(OperationalError):
         loop.run_once()  # the loop's outage handling sees it, as with the due query
+
+
+# -- a parked task attempt held while its key is released --------------------------
+
+
+def call_api(n):
+    return n
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_a_release_passes_over_a_held_parked_attempt_and_the_sweep_wakes_it(registry):
+    """Pins the interleaving that strands a parked task attempt (MariaDB CI,
+    four workers: 16 attempts parked, none running). A release wakes parked
+    attempts with SKIP LOCKED (waiting for one would take a task row after
+    its key, against the lock order), so one that another transaction holds
+    at that moment is passed over, and no later release comes: the key has
+    nothing running. One pass of the stranded sweep wakes it."""
+    from kumiflow_django import Limit
+    from kumiflow_django.models import StepTask, TaskStatus
+    from kumiflow_django.store import clock
+    from kumiflow_django.tasks import attempts
+
+    define_workflow(
+        "enrich-one",
+        steps=[s.task("api", call_api, args=lambda ctx: [1], concurrency=Limit(key="k", max=1))],
+    )
+    start_workflow("enrich-one")
+    start_workflow("enrich-one")
+    [running] = attempts.claim_due(clock.now(), worker="w", limit=10)
+    parked = StepTask.objects.get(status=TaskStatus.PENDING)
+    assert (parked.held_by, parked.next_attempt_at) == ("concurrency", None)
+
+    locked, done = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a cancellation checking it, a late result of an earlier attempt
+        with transaction.atomic():
+            list(StepTask.objects.select_for_update().filter(pk=parked.pk))
+            locked.set()
+            assert done.wait(30), "the test never let the holder go"
+
+    holder, holder_errors = in_thread(hold)
+    try:
+        assert locked.wait(30)
+        # The running attempt ends while the parked one is held: its release skips it.
+        recorded = attempts.record(running, attempts.run(running))
+        assert recorded is not None and recorded.status == TaskStatus.COMPLETED
+    finally:
+        done.set()
+        holder.join(30)
+    assert not holder_errors, holder_errors
+
+    parked.refresh_from_db()
+    key = FlowKey.objects.get(kind="task", key="k")
+    stranded = (parked.status, parked.held_by, parked.next_attempt_at)
+    assert stranded == (TaskStatus.PENDING, "concurrency", None), "the release woke it after all"
+    assert key.held > 0
+    assert not StepTask.objects.filter(status=TaskStatus.RUNNING).exists()
+    assert attempts.claim_due(clock.now(), worker="w", limit=10) == []  # nothing else looks
+
+    assert admission.StrandedSweep()() == 1  # one pass of the resume loop's sweep
+    parked.refresh_from_db()
+    assert parked.next_attempt_at is not None
+    assert len(attempts.claim_due(clock.now(), worker="w", limit=10)) == 1
+    connections.close_all()

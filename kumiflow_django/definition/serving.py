@@ -110,13 +110,17 @@ def prune(now: datetime | None = None) -> int:
     return deleted
 
 
+@db.retrying
 def beat(worker_id: str, *, started_at: datetime | None = None) -> None:
     """Write or refresh this process's row (and prune the stale ones).
 
     At start (``started_at`` given) the definitions' snapshots are stored too:
     a snapshot's ``created_at`` is then when a process first had that
     definition, which orders a workflow's definitions by deploy
-    (:func:`Served.claimable`)."""
+    (:func:`Served.claimable`). Their inserts can meet an appender's, which
+    stores the snapshot of the run it starts (on MariaDB, a deadlock of two
+    ``INSERT IGNORE`` of the snapshot table): the beat is run again then, not
+    the worker brought down at its start."""
     now = clock.now()
     with db.atomic():
         if started_at is not None:

@@ -18,6 +18,8 @@ operation that loses a deadlock runs again (``db.retrying``), or answers
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -118,10 +120,44 @@ def refuse_retry(
     return None
 
 
+@contextmanager
+def _operation(
+    run_id: uuid.UUID | str, tenant: str | None, refuse: Callable[[WorkflowRun], str | None]
+) -> Iterator[WorkflowRun]:
+    """An operation's transaction: the run locked first, and the operation
+    refused (:class:`InvalidRunState`) unless ``refuse`` says it applies."""
+    with db.atomic():
+        run = _lock(run_id, tenant)
+        raise_refusal(refuse(run), InvalidRunState, f"run {run.id}")
+        yield run
+
+
 def _append(run: WorkflowRun, type_: str, payload: dict[str, Any], by: str = "") -> WorkflowRun:
     segment = Segment(run.id, run.tenant_id, run)
     segment.add(type_, payload, created_by=by)
     return segment.write()
+
+
+def _operate(
+    run: WorkflowRun, type_: str, payload: dict[str, Any], *, by: str, reason: str
+) -> WorkflowRun:
+    """Append an operation's event with who did it and why (``audited``: in
+    its payload, and ``by`` as its ``created_by``)."""
+    return _append(run, type_, audited(payload, by, reason), by)
+
+
+def _log(subject: WorkflowRun | str, done: str, *, by: str, reason: str) -> None:
+    """The one log line of an operation (on a run, or on ``subject`` named),
+    once its transaction is over: what was done, by whom and why."""
+    run = subject if isinstance(subject, WorkflowRun) else None
+    logger.info(
+        "%s %s by %s (%s)",
+        f"run {run.id}" if run is not None else subject,
+        done,
+        by or "code",
+        reason or "no reason given",
+        extra=telemetry.run_log_fields(run) if run is not None else None,
+    )
 
 
 @db.retrying
@@ -142,42 +178,25 @@ def cancel_run(
     cancelled.
     """
     by, reason = check_operator(by, reason)
-    with db.atomic():
-        run = _lock(run_id, tenant)
-        raise_refusal(refuse_cancel(run), InvalidRunState, f"run {run.id}")
+    with _operation(run_id, tenant, refuse_cancel) as run:
         text = reason or "cancelled"
         # Its tree before its flow key: the end releases the key, then cancels the children.
         children.lock_subtree(run, cancelled=True)
         if compensate and not compensation.active(run.cursor) and compensation.pending(run.state):
-            segment = Segment(run.id, run.tenant_id, run)
             type_, started = compensation.begin(
                 run, then="cancelled", reason="cancelled", error=text
             )
-            if by:
-                started["by"] = by
-            segment.add(type_, started, created_by=by)
-            updated = segment.write()
+            updated = _operate(run, type_, dict(started), by=by, reason="")
             work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-            logger.info(
-                "run %s: compensating before it is cancelled (%s)",
-                run.id,
-                text,
-                extra=telemetry.run_log_fields(run),
-            )
+            _log(run, "compensating before it is cancelled", by=by, reason=text)
             return updated
-        payload = audited({}, by, text)
+        payload: dict[str, Any] = {}
         if compensation.active(run.cursor):  # cancelled while compensating
             payload["compensation"] = Compensation.FAILED
-        updated = _append(run, ev.RUN_CANCELLED, payload, by)
+        updated = _operate(run, ev.RUN_CANCELLED, payload, by=by, reason=text)
         if telemetry.measuring():
             db.on_commit(partial(telemetry.count, telemetry.RUNS_CANCELLED, workflow=run.workflow))
-    logger.info(
-        "run %s cancelled by %s (%s)",
-        run.id,
-        by or "code",
-        reason or "no reason given",
-        extra=telemetry.run_log_fields(run),
-    )
+    _log(run, "cancelled", by=by, reason=reason)
     return updated
 
 
@@ -188,12 +207,10 @@ def wake_run(
     """Make a waiting run due now: a timer ends early, a wait for an event
     times out now (the step takes its timeout path), a scheduled retry runs now."""
     by, reason = check_operator(by, reason)
-    with db.atomic():
-        run = _lock(run_id, tenant)
-        raise_refusal(refuse_wake(run), InvalidRunState, f"run {run.id}")
-        updated = _append(run, ev.RUN_WOKEN, audited({}, by, reason), by)
+    with _operation(run_id, tenant, refuse_wake) as run:
+        updated = _operate(run, ev.RUN_WOKEN, {}, by=by, reason=reason)
         work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-    logger.info("run %s woken by %s (%s)", run.id, by or "code", reason or "no reason given")
+    _log(run, "woken", by=by, reason=reason)
     return updated
 
 
@@ -237,9 +254,7 @@ def retry_run(
     when the new definition still fits the run's position).
     """
     by, reason = check_operator(by, reason)
-    with db.atomic():
-        run = _lock(run_id, tenant)
-        raise_refusal(refuse_retry(run), InvalidRunState, f"run {run.id}")
+    with _operation(run_id, tenant, refuse_retry) as run:
         payload: dict[str, Any] = {"restore": retry_point(run)}
         if adopt_current_definition:
             refusal = refuse_retry(run, adopt_current_definition=True, point=payload["restore"])
@@ -253,18 +268,12 @@ def retry_run(
         # It takes its slot at once (an operator's decision), and like every
         # active run its key has its row (flow control's count relies on it).
         admission.take(Item.run(run))
-        updated = _append(run, ev.RUN_RETRIED, audited(payload, by, reason), by)
+        updated = _operate(run, ev.RUN_RETRIED, payload, by=by, reason=reason)
         if task is not None:
             work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)
         else:
             work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
-    logger.info(
-        "run %s retried from %s by %s",
-        run.id,
-        payload["restore"]["cursor"],
-        by or "code",
-        extra=telemetry.run_log_fields(run),
-    )
+    _log(run, f"retried from {payload['restore']['cursor']}", by=by, reason=reason)
     return updated
 
 
@@ -309,17 +318,9 @@ def pause_run(
     and its deliveries go on; their outcomes wait for the resume too.
     """
     by, reason = check_operator(by, reason)
-    with db.atomic():
-        run = _lock(run_id, tenant)
-        raise_refusal(refuse_pause(run), InvalidRunState, f"run {run.id}")
-        updated = _append(run, ev.RUN_PAUSED, audited({}, by, reason), by)
-    logger.info(
-        "run %s paused by %s (%s)",
-        run.id,
-        by or "code",
-        reason or "no reason given",
-        extra=telemetry.run_log_fields(run),
-    )
+    with _operation(run_id, tenant, refuse_pause) as run:
+        updated = _operate(run, ev.RUN_PAUSED, {}, by=by, reason=reason)
+    _log(run, "paused", by=by, reason=reason)
     return updated
 
 
@@ -336,9 +337,7 @@ def resume_run(
     workflow or tenant is paused as well waits for that pause to end.
     """
     by, reason = check_operator(by, reason)
-    with db.atomic():
-        run = _lock(run_id, tenant)
-        raise_refusal(refuse_resume(run), InvalidRunState, f"run {run.id}")
+    with _operation(run_id, tenant, refuse_resume) as run:
         payload: dict[str, Any] = {}
         task = None
         if run.reason == ev.TASK_FAILED_REASON:  # paused on a task that failed for good
@@ -347,7 +346,7 @@ def resume_run(
             if task is not None:
                 restore["attempt"] = 1
                 payload["restore"] = restore
-        updated = _append(run, ev.RUN_RESUMED, audited(payload, by, reason), by)
+        updated = _operate(run, ev.RUN_RESUMED, payload, by=by, reason=reason)
         if task is not None:
             work_committed(WorkKind.TASK, None, run.id, task.id if task.backend else None)
         elif updated.wake_at is not None:
@@ -355,13 +354,7 @@ def resume_run(
         # An event that came while it was paused, in a race with the pause: found now.
         if updated.status == RunStatus.WAITING_EVENT or updated.branch_waits:
             resuming.look_back_after_commit(updated)
-    logger.info(
-        "run %s resumed by %s (%s)",
-        run.id,
-        by or "code",
-        reason or "no reason given",
-        extra=telemetry.run_log_fields(run),
-    )
+    _log(run, "resumed", by=by, reason=reason)
     return updated
 
 
@@ -378,9 +371,7 @@ def fail_run(
     cancelled. A failed run can be retried (:func:`retry_run`).
     """
     by, reason = check_operator(by, reason)
-    with db.atomic():
-        run = _lock(run_id, tenant)
-        raise_refusal(refuse_fail(run), InvalidRunState, f"run {run.id}")
+    with _operation(run_id, tenant, refuse_fail) as run:
         text = reason or "failed by an operator"
         failure = Failure(
             ev.FAILED_BY_OPERATOR, text, run.cursor, list(run.trail), compensable=True
@@ -389,19 +380,11 @@ def fail_run(
         started = compensation.start(run, failure)
         if started is not None:
             type_, payload = started
-            if by:
-                payload["by"] = by
-            updated = _append(run, type_, dict(payload), by)
+            updated = _operate(run, type_, dict(payload), by=by, reason="")
             work_committed(WorkKind.RESUME, updated.wake_at, updated.id)
         else:
-            updated = _append(run, ev.RUN_FAILED, audited(dict(failure.payload()), by, ""), by)
-    logger.info(
-        "run %s failed by %s (%s)",
-        run.id,
-        by or "code",
-        reason or "no reason given",
-        extra=telemetry.run_log_fields(run),
-    )
+            updated = _operate(run, ev.RUN_FAILED, dict(failure.payload()), by=by, reason="")
+    _log(run, "failed", by=by, reason=reason)
     return updated
 
 
@@ -451,14 +434,7 @@ def _pause_scope(kind: str, name: str, *, reason: str, by: str, pause: bool) -> 
             if attempt == 2:
                 raise
             continue
-        logger.info(
-            "%s %s %s by %s (%s)",
-            kind,
-            name,
-            "paused" if pause else "resumed",
-            by or "code",
-            reason or "no reason given",
-        )
+        _log(f"{kind} {name}", "paused" if pause else "resumed", by=by, reason=reason)
         return saved
     raise AssertionError("unreachable")  # pragma: no cover
 

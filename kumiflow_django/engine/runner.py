@@ -86,7 +86,7 @@ def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> Workflow
     except Exception as exc:
         # A broken outer transaction cannot record the refusal (nor read how
         # many came before): the caller gets the error that broke it.
-        if opening is None or db.is_transient(exc):
+        if opening is None or db.is_transient(exc) or db.transaction_broken() is not None:
             raise
         if db.is_version_clash(exc):
             logger.info("run %s: another writer moved it on first; skipped", opening.run_id)

@@ -5,8 +5,10 @@ that run for every appended event of those types (``"*"`` for every type)
 through the ``event_appended`` signal, in the transaction that appends it.
 ``kumiflow_rebuild`` calls ``reset()`` and replays the log through them.
 A handler that raises makes the append fail: the projection is part of the
-write. The workflow triggers are such projections too (not rebuilt: the runs
-they started are in the log).
+write. So does one that catches a database error and goes on (the
+transaction cannot: Django marked it for rollback). The workflow triggers
+are such projections too (not rebuilt: the runs they started are in the
+log).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kumiflow_django.store import db
 from kumiflow_django.store.log import handled_types
 from kumiflow_django.store.models import Event
 from kumiflow_django.store.registry import Registry
@@ -35,8 +38,16 @@ class Projection:
 
     def handle(self, event: Event) -> None:
         handler = self.handlers.get(event.type) or self.handlers.get("*")
-        if handler is not None:
-            handler(event)
+        if handler is None:
+            return
+        handler(event)
+        # A handler that caught a database error of its own and went on has
+        # left the transaction marked for rollback: the append's savepoint
+        # would be rolled back silently and the append look written. It fails
+        # with that error instead (in a segment: a refusal, with its cause).
+        broken = db.transaction_broken()
+        if broken is not None:
+            raise broken
 
 
 class Projections(Registry[Projection]):

@@ -46,6 +46,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model, QuerySet
+from django.db.transaction import TransactionManagementError
 
 from kumiflow_django.conf import settings
 from kumiflow_django.store.errors import OperationConflict
@@ -125,14 +126,22 @@ def in_transaction() -> bool:
     return bool(connection().in_atomic_block)
 
 
-def transaction_broken() -> bool:
-    """Whether the caller's transaction can run no more statements: a
-    savepoint could not be rolled back (the database ended the transaction
-    itself, as MariaDB does on a deadlock), so Django marked it for rollback.
-    Only the outermost block's end can help; a query now would raise
-    ``TransactionManagementError`` and hide what broke it."""
+def transaction_broken() -> BaseException | None:
+    """The error that left the caller's transaction unable to run another
+    statement, or None while it can go on.
+
+    Django marks a transaction for rollback when a query in it failed (and
+    the code that caught the error went on), or when a savepoint could not be
+    rolled back (the database ended the transaction itself, as MariaDB does
+    on a deadlock). The next query would raise ``TransactionManagementError``
+    and hide the cause; a block that then ends without an error is rolled
+    back to its savepoint *silently*, and what it wrote is gone while its
+    caller goes on. Whoever notices raises this error instead."""
     conn = connection()
-    return bool(conn.in_atomic_block and conn.needs_rollback)
+    if not (conn.in_atomic_block and conn.needs_rollback):
+        return None
+    cause: BaseException | None = getattr(conn, "rollback_exc", None)  # not in django-stubs
+    return cause or TransactionManagementError("the transaction was marked for rollback")
 
 
 def for_update[M: Model](qs: QuerySet[M, M], *, skip_locked: bool = False) -> QuerySet[M, M]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 
 from kumiflow_django import (
     append_event,
@@ -165,6 +165,105 @@ def test_a_refused_resume_keeps_the_run_where_it_was(refusing_projection, clock)
     assert run.wake_at == clock.now() + dt.timedelta(seconds=2)
     assert run.last_error.startswith("IntegrityError")
     assert types(run) == ["run-started", "step.waiting", "segment-refused"]
+
+
+def test_a_refusal_in_a_transaction_the_database_ended_raises_what_ended_it(
+    refusing_projection, monkeypatch
+):
+    """MariaDB ends the whole transaction on a deadlock: the segment's savepoint
+    is gone, its rollback fails, and Django marks the caller's transaction for
+    rollback. The refusal cannot be recorded (nor counted) in it, and nothing
+    of it will commit: the caller gets the error itself, not a
+    ``TransactionManagementError`` from a query."""
+    define_workflow("refused", steps=[s.wait("PT1H"), s.return_(1)])
+    Tally.objects.create(key="poison")
+    wrapper = connections[connection.alias]  # the connection itself, not its proxy
+
+    def savepoint_gone(sid):
+        raise OperationalError(1305, f"SAVEPOINT {sid} does not exist")
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        monkeypatch.setattr(wrapper, "savepoint_rollback", savepoint_gone)
+        start_workflow("refused")
+
+
+@pytest.fixture
+def swallowing_projection(registry):
+    """A projection that catches the database's error and goes on, for the
+    waits of one workflow: Django has marked the transaction for rollback."""
+
+    def swallow(event):
+        if WorkflowRun.objects.filter(pk=event.stream_id, workflow="swallowed").exists():
+            Tally.objects.get_or_create(key="taken")
+            try:
+                Tally.objects.create(key="taken")
+            except IntegrityError:
+                pass  # "it exists already": but the transaction cannot go on
+
+    define_projection("swallowing", {"kumiflow.workflow.step.waiting": swallow}, replace=True)
+    yield
+    remove_projection("swallowing")
+
+
+def _refused_with_its_cause(run: WorkflowRun) -> None:
+    run.refresh_from_db()
+    assert (run.status, types(run)) == ("pending", ["run-started", "segment-refused"])
+    assert run.last_error.startswith("IntegrityError"), run.last_error
+
+
+def test_a_segment_whose_projection_swallowed_a_database_error_is_refused(
+    swallowing_projection,
+):
+    """Before: the append's savepoint was rolled back silently when it ended,
+    the segment's events with it, and the run was left without them and
+    without a refusal (inline: no run at all, its trigger's event committed)."""
+    define_workflow("swallowed", trigger=on_event("go"), steps=[s.wait("PT1H"), s.return_(1)])
+
+    with transaction.atomic():
+        append_event("order-1", "go", {})
+        Tally.objects.create(key="domain-write")
+
+    assert Event.objects.filter(stream_id="order-1").exists()
+    assert Tally.objects.filter(key="domain-write").exists()
+    _refused_with_its_cause(only_run("swallowed"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_resume_whose_projection_swallowed_a_database_error_is_refused(
+    swallowing_projection,
+):
+    """The worker's path: the segment is its own transaction. Before, the run
+    kept its lease and was run again at every expiry, never refused, never
+    failed."""
+    define_workflow(
+        "swallowed", trigger=on_event("go"), start_mode="deferred", steps=[s.wait("PT1H")]
+    )
+    append_event("order-1", "go", {})
+
+    assert ResumeLoop(threads=1).run_once() == 1
+
+    run = only_run("swallowed")
+    _refused_with_its_cause(run)
+    assert (run.lease_owner, run.wake_at is not None) == ("", True)
+
+
+def test_an_append_whose_projection_swallowed_a_database_error_fails(registry):
+    """Before: append_event returned the event, and the event was not stored."""
+
+    def swallow(event):
+        Tally.objects.get_or_create(key="taken")
+        try:
+            Tally.objects.create(key="taken")
+        except IntegrityError:
+            pass
+
+    define_projection("swallowing", {"noted": swallow}, replace=True)
+    try:
+        with pytest.raises(IntegrityError), transaction.atomic():
+            append_event("notes-1", "noted", {})
+    finally:
+        remove_projection("swallowing")
+    assert not Event.objects.filter(stream_id="notes-1").exists()
 
 
 # -- the soak: one poison run beside healthy ones, under a real worker ------------------
