@@ -157,7 +157,9 @@ class KumiflowSettings:
 #: The values read so far: the engine reads some settings several times per
 #: segment, and Django's settings object costs more than a dict. Emptied by
 #: ``setting_changed``, which ``override_settings`` (and pytest-django's
-#: ``settings`` fixture) send; settings are not changed at runtime otherwise.
+#: ``settings`` fixture when it sets one) send; Django's settings are not
+#: changed at runtime otherwise. Deleting a setting with pytest-django's
+#: fixture sends none: set it to its default instead.
 _read: dict[str, Any] = {}
 
 
