@@ -138,3 +138,27 @@ def test_the_insert_passes_values_as_the_fields_would_adapt_them(registry):
     expected = [p for e in events for p in _orm_params(e, without_pk=True)]
     assert _typed(_inserted_params(Event, events, return_pk=True)) == _typed(expected)
     assert all(e.pk is not None for e in events)
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, False, 0, 1, -1, 10**16 - 1, -(10**16) + 1, 10**16, -(10**16), 2**70]
+)
+def test_a_short_scalar_reads_back_as_the_full_check_would_give_it(value):
+    import json
+
+    from kumiflow_django.store.values import dump, to_json
+
+    result = to_json(value, "v")
+    assert result == json.loads(dump(value, "v"))
+    assert type(result) is type(value)
+
+
+def test_a_short_integer_still_meets_a_smaller_limit():
+    from kumiflow_django.store.errors import InvalidEvent
+    from kumiflow_django.store.values import to_json
+
+    assert to_json(12345, "v", max_bytes=5) == 12345
+    with pytest.raises(InvalidEvent, match="6 bytes of JSON, more than the limit of 5"):
+        to_json(123456, "v", max_bytes=5)
+    with override_settings(KUMIFLOW_MAX_VALUE_BYTES=3), pytest.raises(InvalidEvent):
+        to_json(1234, "v")
