@@ -162,3 +162,26 @@ def test_a_short_integer_still_meets_a_smaller_limit():
         to_json(123456, "v", max_bytes=5)
     with override_settings(KUMIFLOW_MAX_VALUE_BYTES=3), pytest.raises(InvalidEvent):
         to_json(1234, "v")
+
+
+@pytest.mark.parametrize(
+    ("options", "warned"),
+    [
+        ({}, False),
+        ({"prepare_threshold": None}, False),
+        ({"prepare_threshold": 5}, True),
+        ({"prepare_threshold": 5, "server_side_binding": False}, True),
+        ({"prepare_threshold": 5, "server_side_binding": True}, False),
+        ({"server_side_binding": True}, False),
+    ],
+)
+def test_prepared_statements_asked_for_where_none_can_be_made_are_a_warning(options, warned):
+    from kumiflow_django.checks import prepared_statement_warnings
+
+    databases = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x", "OPTIONS": options},
+        "flows": {"ENGINE": "django.db.backends.postgresql", "NAME": "x", "OPTIONS": options},
+    }
+    messages = prepared_statement_warnings(databases, "flows")
+    assert [m.id for m in messages] == (["kumiflow.W062"] if warned else [])
+    assert prepared_statement_warnings(databases, "default") == []  # PostgreSQL only
