@@ -549,6 +549,36 @@ def stall_warnings(databases: Mapping[str, Any], alias: str) -> list[checks.Chec
     return found
 
 
+@checks.register(checks.Tags.database)
+def check_prepared_statements(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Prepared statements are opt-in (docs/scaling.md, "Prepared statements"):
+    one asked for where Django binds on the client is never used."""
+    return prepared_statement_warnings(django_settings.DATABASES, str(settings.DATABASE))
+
+
+def prepared_statement_warnings(
+    databases: Mapping[str, Any], alias: str
+) -> list[checks.CheckMessage]:
+    config = databases.get(alias) or {}
+    if str(config.get("ENGINE", "")).rsplit(".", 1)[-1] != "postgresql":
+        return []
+    options = config.get("OPTIONS") or {}
+    if options.get("prepare_threshold") is None or options.get("server_side_binding") is True:
+        return []
+    return [
+        checks.Warning(
+            f"The database {alias!r} that kumiflow-django uses sets prepare_threshold "
+            "without server_side_binding: Django binds parameters on the client then, "
+            "and psycopg prepares no statement.",
+            hint='Set "server_side_binding": True beside it (not behind a transaction-'
+            "pooling PgBouncer older than 1.21, or without its max_prepared_statements), "
+            'or remove "prepare_threshold" (docs/scaling.md, "Prepared statements").',
+            id="kumiflow.W062",
+            obj=alias,
+        )
+    ]
+
+
 @checks.register()
 def check_read_database(**kwargs: Any) -> list[checks.CheckMessage]:
     """A replica for the console's and the API's reads only works with the

@@ -1,7 +1,9 @@
 """The ``KUMIFLOW_*`` settings, read lazily through one typed accessor.
 
-Every attribute read goes to ``django.conf.settings`` at that moment, so
-``override_settings`` works in tests and nothing is read at import time.
+Every attribute is read from ``django.conf.settings`` when it is first
+asked for, then kept until a ``setting_changed`` signal of a ``KUMIFLOW_*``
+setting (so ``override_settings`` works in tests) and nothing is read at
+import time.
 The class attributes are the documented defaults (docs/settings.md).
 """
 
@@ -12,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 PREFIX = "KUMIFLOW_"
 
@@ -138,13 +141,33 @@ class KumiflowSettings:
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():
-            default = object.__getattribute__(self, name)
-            return getattr(django_settings, PREFIX + name, default)
+            try:
+                return _read[name]
+            except KeyError:
+                default = object.__getattribute__(self, name)
+                value = _read[name] = getattr(django_settings, PREFIX + name, default)
+                return value
         return object.__getattribute__(self, name)
 
     @classmethod
     def names(cls) -> list[str]:
         return [n for n in vars(cls) if n.isupper()]
 
+
+#: The values read so far: the engine reads some settings several times per
+#: segment, and Django's settings object costs more than a dict. Emptied by
+#: ``setting_changed``, which ``override_settings`` (and pytest-django's
+#: ``settings`` fixture when it sets one) send; Django's settings are not
+#: changed at runtime otherwise. Deleting a setting with pytest-django's
+#: fixture sends none: set it to its default instead.
+_read: dict[str, Any] = {}
+
+
+def _forget(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith(PREFIX):
+        _read.clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="kumiflow-settings")
 
 settings = KumiflowSettings()

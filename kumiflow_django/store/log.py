@@ -272,12 +272,15 @@ class _Clash(Exception):
 
 def _head(sid: str, tenant_id: str, *, lock: bool = False) -> tuple[int, str]:
     """(version, stream type) of the tenant's stream's last event; (0, "") if it has none."""
-    qs = Event.objects.filter(tenant_id=tenant_id, stream_id=sid).order_by("-version")
-    if lock and db.connection().features.has_select_for_update:
-        # A locking read sees the latest committed row also under REPEATABLE READ.
-        qs = qs.select_for_update()
-    row = qs.values_list("version", "stream_type").first()
-    return row if row is not None else (0, "")
+    # A locking read sees the latest committed row also under REPEATABLE READ.
+    row = rowsql.last_row(
+        Event,
+        ("version", "stream_type"),
+        {"tenant_id": tenant_id, "stream_id": sid},
+        using=db.alias(),
+        lock=lock,
+    )
+    return (int(row[0]), str(row[1])) if row is not None else (0, "")
 
 
 def _append_once(

@@ -1,5 +1,5 @@
-"""Plain SQL for the engine's hot writes: inserting events and run rows, and
-updating the columns of a run that a segment changed.
+"""Plain SQL for the engine's hot paths: reading a stream's head, inserting
+events and run rows, and updating the columns of a run that a segment changed.
 
 The ORM's SQL compiler costs more than the database on these paths (a
 segment writes a few small rows); the statements here are built once per
@@ -13,7 +13,9 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Model
 
 from kumiflow_django.store import db
@@ -22,8 +24,9 @@ from kumiflow_django.store import db
 @functools.cache
 def _insert_sql(
     model: type[Model], using: str, rows: int, returning: bool
-) -> tuple[str, tuple[Field[Any, Any], ...]]:
-    qn = connections[using].ops.quote_name
+) -> tuple[str, tuple[Field[Any, Any], ...], tuple[type | None, ...]]:
+    connection = connections[using]
+    qn = connection.ops.quote_name
     meta = model._meta
     pk = meta.pk
     assert pk is not None
@@ -34,7 +37,39 @@ def _insert_sql(
     sql = f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES {', '.join([row] * rows)}"  # noqa: S608
     if returning:
         sql += f" RETURNING {qn(_column(pk))}"
-    return sql, fields
+    return sql, fields, tuple(_passes_through(f, connection) for f in fields)
+
+
+#: Field classes whose ``pre_save`` and ``get_db_prep_save`` give back a value
+#: of this exact type (or None) unchanged, on every backend.
+_PLAIN: dict[type[Field[Any, Any]], type] = {
+    models.CharField: str,
+    models.TextField: str,
+    models.BooleanField: bool,
+}
+#: Integer fields give back an ``int`` unchanged where the backend does not
+#: adapt integers (PostgreSQL wraps them in typed integers: the full path there).
+_INTEGERS = (
+    models.IntegerField,
+    models.SmallIntegerField,
+    models.BigIntegerField,
+    models.PositiveIntegerField,
+    models.PositiveSmallIntegerField,
+    models.PositiveBigIntegerField,
+)
+
+
+def _passes_through(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> type | None:
+    """The type of value ``field`` stores as it is (the same as its
+    ``get_db_prep_save`` would give), or None: every value takes the field's
+    own path. Exact classes only: a subclass may adapt values its own way."""
+    kind = type(field)
+    if kind in _PLAIN:
+        return _PLAIN[kind]
+    adapts_integers = type(connection.ops).adapt_integerfield_value
+    if kind in _INTEGERS and adapts_integers is BaseDatabaseOperations.adapt_integerfield_value:
+        return int
+    return None
 
 
 def _column(field: Field[Any, Any]) -> str:
@@ -49,8 +84,17 @@ def insert(model: type[Model], objs: Sequence[Model], *, using: str, return_pk: 
     if not objs:
         return
     connection = connections[using]
-    sql, fields = _insert_sql(model, using, len(objs), return_pk)
-    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
+    sql, fields, plain = _insert_sql(model, using, len(objs), return_pk)
+    params: list[Any] = []
+    for obj in objs:
+        values = obj.__dict__
+        for f, kind in zip(fields, plain, strict=True):
+            if kind is not None:
+                value = values[f.attname] if f.attname in values else getattr(obj, f.attname)
+                if value is None or type(value) is kind:
+                    params.append(value)
+                    continue
+            params.append(f.get_db_prep_save(f.pre_save(obj, True), connection))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if return_pk:
@@ -60,6 +104,45 @@ def insert(model: type[Model], objs: Sequence[Model], *, using: str, return_pk: 
     for obj in objs:
         obj._state.adding = False
         obj._state.db = using
+
+
+@functools.cache
+def _last_row_sql(
+    model: type[Model], using: str, columns: tuple[str, ...], where: tuple[str, ...], lock: bool
+) -> str:
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    meta = model._meta
+    order = qn(_column(meta.get_field(columns[0])))  # type: ignore[arg-type]
+    selected = ", ".join(qn(_column(meta.get_field(c))) for c in columns)  # type: ignore[arg-type]
+    conditions = " AND ".join(f"{qn(_column(meta.get_field(c)))} = %s" for c in where)  # type: ignore[arg-type]
+    # Table and column names come from the model, quoted; values are parameters.
+    sql = f"SELECT {selected} FROM {qn(meta.db_table)} WHERE {conditions} ORDER BY {order} DESC"  # noqa: S608
+    sql += " LIMIT 1"
+    if lock and connection.features.has_select_for_update:
+        sql += " FOR UPDATE"
+    return sql
+
+
+def last_row(
+    model: type[Model],
+    columns: tuple[str, ...],
+    where: dict[str, str],
+    *,
+    using: str,
+    lock: bool = False,
+) -> tuple[Any, ...] | None:
+    """``columns`` of the row matching ``where`` (text columns, by attname) with
+    the highest first column, or None; with ``lock``, locked where the database
+    can. What ``filter(**where).order_by("-first").values_list(*columns).first()``
+    reads, without building the query each time (every append reads its
+    stream's head so). The columns come back as the driver reads them: only
+    for columns the driver returns as their Python value (integers, text)."""
+    sql = _last_row_sql(model, using, columns, tuple(where), lock)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, list(where.values()))
+        row = cursor.fetchone()
+    return None if row is None else tuple(row)
 
 
 def snapshot(obj: Model) -> dict[str, Any]:

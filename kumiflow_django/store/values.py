@@ -61,8 +61,20 @@ def to_json(
 
     ``max_bytes`` defaults to ``KUMIFLOW_MAX_VALUE_BYTES``; ``setting`` names the limit.
     """
+    if value is None or type(value) is bool:
+        return value  # reads back as itself, in 5 bytes at most
+    if type(value) is int and -_SHORT_INT < value < _SHORT_INT:
+        limit = max_value_bytes() if max_bytes is None else max_bytes
+        if limit >= _SHORT_INT_BYTES:  # else the full check says how long it is
+            return value
     text = dump(value, what, max_bytes=max_bytes, setting=setting)
     return json.loads(text)
+
+
+#: Integers of fewer than 16 digits (17 bytes of JSON with a sign) read back as
+#: themselves: a step's counter or id is returned without a round of JSON.
+_SHORT_INT = 10**16
+_SHORT_INT_BYTES = 17
 
 
 def dump(
