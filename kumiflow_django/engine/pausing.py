@@ -21,9 +21,13 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
 
 
-def held(run: WorkflowRun) -> bool:
-    """Whether no segment of ``run`` may run now (it, its workflow or its tenant is paused)."""
-    return run.paused or scope_paused(run.workflow, run.tenant_id) is not None
+def held(run: WorkflowRun, scope: bool | None = None) -> bool:
+    """Whether no segment of ``run`` may run now (it, its workflow or its tenant
+    is paused). ``scope``: whether its scope is paused, read by the caller in
+    the statement that found the run (the wake-up's look-up); else read here."""
+    if run.paused:
+        return True
+    return scope if scope is not None else scope_paused(run.workflow, run.tenant_id) is not None
 
 
 def exhausted_pause(
