@@ -152,7 +152,6 @@ BUDGETS: dict[str, dict[str, int]] = {
 def _vendor_budget(kind: str, statements: list[str]) -> None:
     budget = BUDGETS[kind][connection.vendor]
     listed = "\n".join(f"{i + 1:>3} {q[:160]}" for i, q in enumerate(statements))
-    print(f"\n{kind} on {connection.vendor}: {len(statements)} statements\n{listed}")
     assert len(statements) <= budget, f"{kind}: {len(statements)} > {budget}\n{listed}"
 
 
@@ -184,7 +183,7 @@ def test_each_segment_kind_stays_within_its_statements(registry, clock, kind):
             steps=[s.compute(f"c{i}", lambda ctx: ctx.event.payload["n"] + 1) for i in range(5)],
         )
         for n in (0, 1):
-            measured = _in_transaction(lambda: append_event(f"s-{n}", "b.straight", {"n": n}))
+            measured = _in_transaction(lambda n=n: append_event(f"s-{n}", "b.straight", {"n": n}))
         assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 2
     elif kind == "timer":
         define_workflow("timed", steps=[s.wait("PT1M"), s.compute("after", lambda ctx: 1)])
@@ -211,17 +210,21 @@ def test_each_segment_kind_stays_within_its_statements(registry, clock, kind):
             with transaction.atomic():
                 append_event(f"start-{key}", "w.start", {"key": key})
             measured = _in_transaction(
-                lambda: append_event(f"signal-{key}", "w.signal", {"key": key})
+                lambda key=key: append_event(f"signal-{key}", "w.signal", {"key": key})
             )
         assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 2
     elif kind == "task":
-        define_workflow("tasked", steps=[s.task("t", _returns_one), s.compute("after", lambda ctx: 1)])
+        define_workflow(
+            "tasked", steps=[s.task("t", _returns_one), s.compute("after", lambda ctx: 1)]
+        )
         for _ in (0, 1):
             run = start_workflow("tasked")
             claimed = attempts.claim(StepTask.objects.get(run_id=run.pk).id, worker="test")
             assert claimed is not None
             measured = _statements(
-                lambda: attempts.record(claimed, attempts.Outcome(ok=True, result=1))
+                lambda claimed=claimed: attempts.record(
+                    claimed, attempts.Outcome(ok=True, result=1)
+                )
             )
         assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 2
     else:

@@ -271,7 +271,9 @@ def _trigger(run: WorkflowRun) -> tuple[Trigger, _Origin]:
     """The run's trigger; and, when spans are recorded, its origin (the
     ``run-started`` event's trace context), read in the same statement."""
     if run.trigger_position is None:
-        trigger = TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
+        trigger = TriggerEvent(
+            type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id
+        )
         return trigger, _Origin()
     wanted = Q(position=run.trigger_position, tenant_id=run.tenant_id)
     tracing = telemetry.tracing()
