@@ -12,16 +12,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.common import (
+    COUNT_DIR,
     ROOT,
     Receiver,
     clear_peak_rss,
+    counting,
     database_url,
     idle_scale,
     median,
+    per_segment,
     percentile,
     proc_status,
     release_freed_memory,
     setup_django,
+    workers_counted,
 )
 from bench.scale_workloads import WORKLOADS as SCALE_WORKLOADS
 
@@ -33,6 +37,7 @@ def _spawn_worker(
         **os.environ,
         "DATABASE_URL": url,
         "DJANGO_SETTINGS_MODULE": "bench.settings",
+        "BENCH_WORKER": "1",  # it counts its statements (bench/apps.py)
         **(env or {}),
     }
     return subprocess.Popen(
@@ -198,12 +203,14 @@ def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
         with request(), transaction.atomic():
             append_event(f"warm-{i}", "bench.w1", {"n": i})
     n = 1000
-    start, cpu = time.perf_counter(), time.process_time()
-    for i in range(n):
-        with request(), transaction.atomic():
-            append_event(f"w1-{i}", "bench.w1", {"n": i})
-    elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu  # this process's threads: steadier on a busy machine
+    with counting() as counted:
+        start, cpu = time.perf_counter(), time.process_time()
+        for i in range(n):
+            with request(), transaction.atomic():
+                append_event(f"w1-{i}", "bench.w1", {"n": i})
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu  # this process's threads: steadier on a busy machine
+    counts = per_segment(counted.statements, counted.transactions, counted.segments())
     assert WorkflowRun.objects.filter(status="completed").count() == n + 50
 
     start = time.perf_counter()
@@ -221,6 +228,7 @@ def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
         "ratio_to_raw_inserts": round(rate / raw, 3),
         "driver_inserts_per_s": round(driver, 1),
         "ratio_to_driver_inserts": round(rate / driver, 3),
+        **counts,
     }
 
 
@@ -259,15 +267,17 @@ def w2(db: str) -> dict[str, Any]:
     time.sleep(3)  # the worker is up and polling
     n = 500
     try:
-        start = time.perf_counter()
-        for _ in range(n):
-            start_workflow("bench-w2")
+        with counting() as counted:  # the starts; the worker counts its own
+            start = time.perf_counter()
+            for _ in range(n):
+                start_workflow("bench-w2")
         done = _wait(lambda: WorkflowRun.objects.filter(status="completed").count() == n, 120)
         wall = time.perf_counter() - start
         rss = proc_status(worker.pid)["VmHWM"]
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
+    counts = _with_workers(counted)
     lateness = []
     waits = {
         e.stream_id: e.payload["wake_at"]
@@ -282,7 +292,20 @@ def w2(db: str) -> dict[str, Any]:
         "lateness_p50_ms": round(percentile(lateness, 50) or 0, 1),
         "lateness_p99_ms": round(percentile(lateness, 99) or 0, 1),
         "worker_peak_rss_mb": round(rss, 1),
+        **counts,
     }
+
+
+def _with_workers(counted: counting) -> dict[str, Any]:
+    """The counts of a block of this process and of the whole life of the
+    workers it started (their idle polls included), per segment written."""
+    statements, transactions = workers_counted(os.environ[COUNT_DIR])
+    return per_segment(
+        counted.statements + statements,
+        counted.transactions + transactions,
+        counted.segments(),
+        worker_statements=statements,
+    )
 
 
 def w3(db: str) -> dict[str, Any]:
@@ -295,24 +318,30 @@ def w3(db: str) -> dict[str, Any]:
     from kumiflow_django.models import WorkflowRun
 
     n = 500
-    for i in range(n):
-        append_event(f"w3-{i}", "bench.w3.start", {"key": i})
+    with counting() as starts:
+        for i in range(n):
+            append_event(f"w3-{i}", "bench.w3.start", {"key": i})
     assert WorkflowRun.objects.filter(status="waiting_event").count() == n
     latencies = []
-    first = time.perf_counter()
-    for i in range(n):
-        begin = time.perf_counter()
-        with transaction.atomic():  # the run completes in the appending transaction
-            append_event(f"signal-{i}", "bench.w3.signal", {"key": i})
-        latencies.append((time.perf_counter() - begin) * 1000)
+    with counting() as wakes:  # the segments of the awaited events
+        first = time.perf_counter()
+        for i in range(n):
+            begin = time.perf_counter()
+            with transaction.atomic():  # the run completes in the appending transaction
+                append_event(f"signal-{i}", "bench.w3.signal", {"key": i})
+            latencies.append((time.perf_counter() - begin) * 1000)
     done = _wait(lambda: WorkflowRun.objects.filter(status="completed").count() == n, 60)
     total = time.perf_counter() - first
+    counts = per_segment(wakes.statements, wakes.transactions, wakes.segments())
+    start_segments = starts.segments()
+    counts["start_statements_per_segment"] = round(starts.statements / start_segments, 2)
     return {
         "worker_peak_rss_mb": _own_peak_mb(),
         "completed": done,
         "all_complete_s": round(total, 3),
         "latency_p50_ms": round(percentile(latencies, 50) or 0, 2),
         "latency_p99_ms": round(percentile(latencies, 99) or 0, 2),
+        **counts,
     }
 
 
@@ -586,15 +615,16 @@ def w7(db: str) -> dict[str, Any]:
     n = 500
     try:
         with _LongestTransaction(url) as longest:
-            start = time.perf_counter()
-            for _ in range(n):
-                start_workflow("bench-w7")
+            with counting() as counted:  # the starts; the worker counts its own
+                start = time.perf_counter()
+                for _ in range(n):
+                    start_workflow("bench-w7")
             done = _wait(lambda: WorkflowRun.objects.filter(status="completed").count() == n, 120)
             wall = time.perf_counter() - start
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
-    return {
+    return _with_workers(counted) | {
         "completed": done,
         "all_complete_s": round(wall, 3),
         "ideal_s": round(n * 0.2 / 32, 3),
@@ -617,8 +647,9 @@ def w8(db: str) -> dict[str, Any]:
     worker = _spawn_worker(url)
     time.sleep(3)  # the worker is up and polling
     try:
-        start = time.perf_counter()
-        parent = start_workflow("bench-w8")
+        with counting() as counted:  # the parent's start; the worker counts its own
+            start = time.perf_counter()
+            parent = start_workflow("bench-w8")
         done = _wait(
             lambda: WorkflowRun.objects.filter(pk=parent.pk, status="completed").exists(), 300
         )
@@ -627,7 +658,7 @@ def w8(db: str) -> dict[str, Any]:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
     parent.refresh_from_db()
-    return {
+    return _with_workers(counted) | {
         "completed": done and parent.result == 1000,
         "all_complete_s": round(wall, 3),
         "children": WorkflowRun.objects.filter(parent_id=parent.pk, status="completed").count(),

@@ -2,6 +2,7 @@
 
     python bench/run.py [--only W1,W9] [--db sqlite,postgres,mariadb] [--peer dbos]
                         [--w9-runs 2000] [--w10-runs 1000000] [--w11-runs 1000000]
+                        [--profile]
 
 W12 (the console's overview and run list with a million runs) runs only when
 asked for: ``--only W12`` (``BENCH_W12_RUNS`` sets its size).
@@ -10,7 +11,11 @@ Every workload runs in a fresh child process (a fresh database, its own
 peak memory), on the databases its targets are defined for unless ``--db``
 says otherwise. One JSON line per workload and engine, then the targets and
 a summary table. Nothing is tuned to a target: where one is missed, the JSON
-and the table say so. At full size W10 and W11 load a million runs each and
+and the table say so. The workloads that run segments report the statements
+each segment took (``statements_per_segment``, counted by Django's SQL layer
+in every process of the workload). ``--profile`` writes a cProfile of each
+workload's child process into build/bench-profiles/ (its timings are the
+profiler's, not to be compared). At full size W10 and W11 load a million runs each and
 take tens of minutes (docs/performance.md says how long); CI never runs this.
 """
 
@@ -58,17 +63,48 @@ TIMEOUTS = {"W13": 3600.0, "W9": 3600.0, "W10": 4 * 3600.0, "W11": 4 * 3600.0}
 RSS_LIMIT_MB = 100
 
 
+PROFILES = ROOT / "build" / "bench-profiles"
+
+
 def child(engine: str, workload: str, db: str) -> None:
+    import tempfile
+
     if engine == "kumiflow":
         from bench.kumiflow_workloads import WORKLOADS
     else:
         from bench.dbos_workloads import WORKLOADS
-    from bench.common import emit
+    from bench.common import COUNT_DIR, emit
 
-    began = time.perf_counter()
-    result = WORKLOADS[workload](db)
-    result["seconds"] = round(time.perf_counter() - began, 1)
+    with tempfile.TemporaryDirectory(prefix="bench-counts-") as counts:
+        os.environ[COUNT_DIR] = counts  # the workers it starts write their counts here
+        profiler = None
+        if os.environ.get("BENCH_PROFILE") == "1":
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        began = time.perf_counter()
+        result = WORKLOADS[workload](db)
+        result["seconds"] = round(time.perf_counter() - began, 1)
+        if profiler is not None:
+            profiler.disable()
+            result["profile"] = str(_write_profile(profiler, f"{workload}-{engine}-{db}"))
     emit(result)
+
+
+def _write_profile(profiler: Any, name: str) -> Path:
+    """``name``.pstats (for ``python -m pstats`` or snakeviz) and ``name``.txt,
+    the top 30 functions by cumulative time."""
+    import io
+    import pstats
+
+    PROFILES.mkdir(parents=True, exist_ok=True)
+    path = PROFILES / f"{name}.pstats"
+    profiler.dump_stats(path)
+    text = io.StringIO()
+    pstats.Stats(str(path), stream=text).sort_stats("cumulative").print_stats(30)
+    (PROFILES / f"{name}.txt").write_text(text.getvalue())
+    return path
 
 
 def run_child(engine: str, workload: str, db: str, timeout: float) -> dict[str, Any]:
@@ -325,7 +361,9 @@ HEADLINES = {
 
 
 def summary(results: list[dict[str, Any]], judged: list[dict[str, Any]]) -> str:
-    lines = [f"{'workload':<9}{'engine':<10}{'db':<12}{'headline':<40}{'peak MB':>8}"]
+    lines = [
+        f"{'workload':<9}{'engine':<10}{'db':<12}{'headline':<40}{'peak MB':>8}{'stmts/seg':>10}"
+    ]
     for r in results:
         key = HEADLINES.get(r["workload"], "")
         if "error" in r:
@@ -341,7 +379,11 @@ def summary(results: list[dict[str, Any]], judged: list[dict[str, Any]]) -> str:
                 {k: v for k, v in r.items() if k not in ("workload", "engine", "db")}
             )[:40]
         peak = r.get("worker_peak_rss_mb", r.get("peak_rss_mb", ""))
-        lines.append(f"{r['workload']:<9}{r['engine']:<10}{r['db']:<12}{value:<40}{peak:>8}")
+        per = r.get("statements_per_segment")
+        per_text = "" if per is None else str(per)
+        lines.append(
+            f"{r['workload']:<9}{r['engine']:<10}{r['db']:<12}{value:<40}{peak:>8}{per_text:>10}"
+        )
     lines.append("")
     for t in judged:
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
@@ -373,11 +415,18 @@ def main() -> int:
     parser.add_argument("--w10-runs", type=int, help="W10's finished runs (1,000,000)")
     parser.add_argument("--w11-runs", type=int, help="W11's finished runs (1,000,000)")
     parser.add_argument("--w11-baseline-s", type=int, help="W11's W1 without retention (30 s)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="write a cProfile of each workload's child process to build/bench-profiles/",
+    )
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "WORKLOAD", "DB"))
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return 0
+    if args.profile:
+        os.environ["BENCH_PROFILE"] = "1"  # the children read it
     for option, variable in SIZES.items():
         if getattr(args, option) is not None:
             os.environ[variable] = str(getattr(args, option))

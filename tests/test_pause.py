@@ -116,6 +116,46 @@ def test_an_event_that_arrives_during_the_pause_is_recorded_and_taken_on_resume(
     ]
 
 
+@pytest.mark.parametrize("scope", ["workflow", "tenant"])
+def test_an_awaited_event_of_a_paused_scope_is_recorded_not_run_inline(registry, clock, scope):
+    """The appender's look-up reads whether the run's workflow or tenant is
+    paused in its own statement: the event is recorded on the run, which
+    stays waiting until the scope is resumed, in another tenant too."""
+    define_workflow(
+        "paid",
+        trigger=on_event("order.placed"),
+        steps=[
+            s.wait_for_event(
+                "payment.received",
+                match={"payload.order": lambda ctx: ctx.event.payload["order"]},
+                name="pay",
+            ),
+            s.return_(lambda ctx: ctx.steps["pay"]["payload"]["amount"]),
+        ],
+    )
+    for tenant in ("acme", "globex"):
+        append_event("o-1", "order.placed", {"order": "o-1"}, tenant=tenant)
+    if scope == "workflow":
+        pause_workflow("paid")
+    else:
+        pause_tenant("acme")
+    for tenant in ("acme", "globex"):
+        append_event("p-1", "payment.received", {"order": "o-1", "amount": 12}, tenant=tenant)
+    held = WorkflowRun.objects.get(tenant_id="acme")
+    other = WorkflowRun.objects.get(tenant_id="globex")
+    assert (held.status, held.paused) == (RunStatus.WAITING_EVENT, False)
+    assert held.matched_position is not None  # recorded: its wait is satisfied
+    assert other.status == (RunStatus.WAITING_EVENT if scope == "workflow" else RunStatus.COMPLETED)
+    if scope == "workflow":
+        resume_workflow("paid")
+    else:
+        resume_tenant("acme")
+    run_until_idle()
+    held.refresh_from_db()
+    assert (held.status, held.result) == (RunStatus.COMPLETED, 12)
+    assert types(held)[-3:] == ["event-matched", "step.resumed", "run-completed"]
+
+
 def test_a_paused_workflow_records_starts_and_runs_them_once_resumed(registry, clock):
     define_workflow("mailer", steps=[s.return_("sent")])
     define_workflow("other", steps=[s.return_("ran")])

@@ -5,7 +5,10 @@ A run is held when it is paused itself (its row's ``paused``, folded from
 ``PausedScope`` row). The claim of due runs leaves held runs out in SQL
 (``WorkflowRunQuerySet.claimable``); the resume of a run checks again under
 the run's lock (:func:`held`), so a pause that commits between the due query
-and the lock is still obeyed. A segment already running when a pause
+and the lock is still obeyed. The appender's wake-up of a waiting run reads
+its scope's pause in the look-up that finds the run, in the appending
+transaction (a scope's pause locks no run: a read under the run's lock
+would be ordered after nothing more). A segment already running when a pause
 commits finishes: the pause takes effect at the run's next suspension.
 """
 
@@ -21,9 +24,13 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
 
 
-def held(run: WorkflowRun) -> bool:
-    """Whether no segment of ``run`` may run now (it, its workflow or its tenant is paused)."""
-    return run.paused or scope_paused(run.workflow, run.tenant_id) is not None
+def held(run: WorkflowRun, scope: bool | None = None) -> bool:
+    """Whether no segment of ``run`` may run now (it, its workflow or its tenant
+    is paused). ``scope``: whether its scope is paused, read by the caller in
+    the statement that found the run (the wake-up's look-up); else read here."""
+    if run.paused:
+        return True
+    return scope if scope is not None else scope_paused(run.workflow, run.tenant_id) is not None
 
 
 def exhausted_pause(

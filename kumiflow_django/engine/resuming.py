@@ -39,7 +39,7 @@ from kumiflow_django.definition.matching import Cutoff, Wait, awaited_as
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import compensation, deploys
+from kumiflow_django.engine import compensation, deploys, observed
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps
 from kumiflow_django.engine.pausing import held
@@ -48,6 +48,7 @@ from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow import admission
 from kumiflow_django.flow.admission import Item, Unwritten
 from kumiflow_django.projections import lock_order
+from kumiflow_django.projections.pauses import scope_held
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import ROOT, RunWait, waits_events
@@ -258,16 +259,40 @@ def _definition(run: WorkflowRun) -> Definition | Failure:
     return Definition(decision.workflow, decision.switched(deploys.RunFacts.of(run)))
 
 
-def _trigger(run: WorkflowRun) -> Trigger:
+class _Origin:
+    """A run's origin read with its trigger event (``read``: it was)."""
+
+    __slots__ = ("carrier", "read")
+
+    def __init__(self, carrier: dict[str, str] | None = None, read: bool = False) -> None:
+        self.carrier, self.read = carrier, read
+
+
+def _trigger(run: WorkflowRun) -> tuple[Trigger, _Origin]:
+    """The run's trigger; and, when spans are recorded, its origin (the
+    ``run-started`` event's trace context), read in the same statement."""
     if run.trigger_position is None:
-        return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
-    event = Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
+        trigger = TriggerEvent(
+            type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id
+        )
+        return trigger, _Origin()
+    wanted = Q(position=run.trigger_position, tenant_id=run.tenant_id)
+    tracing = telemetry.tracing()
+    if tracing:
+        wanted |= observed.started_event(run.id, run.tenant_id)
+    event, started = None, None
+    for row in Event.objects.filter(wanted):
+        if row.position == run.trigger_position:
+            event = row
+        else:
+            started = row
     if event is None:
         raise Failure(
             ev.TRIGGER_UNAVAILABLE,
             f"the trigger event at position {run.trigger_position} is no longer in the log",
         )
-    return event
+    carrier = telemetry.carried(started.metadata) if started is not None else None
+    return event, _Origin(carrier, tracing)
 
 
 def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
@@ -350,7 +375,7 @@ def opening(
         failure = Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}")
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     try:
-        trigger = _trigger(run)
+        trigger, origin = _trigger(run)
         actual = _wake(run, wake)
     except Failure as failure:
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
@@ -368,6 +393,8 @@ def opening(
             first=[(ev.RUN_ADMITTED, admitted)],
             steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
             unwritten=unwritten,
+            origin=origin.carrier,
+            origin_read=origin.read,
         )
     resumed: pl.StepResumed = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
     if recovered:
@@ -383,6 +410,8 @@ def opening(
         run,
         first=[*switch, (ev.STEP_RESUMED, resumed)],
         steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
+        origin=origin.carrier,
+        origin_read=origin.read,
     )
 
 
@@ -451,19 +480,31 @@ class _Found:
     """A waiting run as the wake-up's look-up read it: where it is in the lock
     order, its version then, and its waits for the event."""
 
-    def __init__(self, depth: int, parent: uuid.UUID | None, parent_waits: bool, version: int):
+    def __init__(
+        self,
+        depth: int,
+        parent: uuid.UUID | None,
+        parent_waits: bool,
+        version: int,
+        scope_held: bool,
+    ):
         self.order = lock_order.Placed(depth, parent, parent_waits)
         self.version = version
+        #: Whether the run's workflow or tenant is paused (``pausing.held``).
+        self.scope_held = scope_held
         self.waits: list[tuple[str, Any, int, Any]] = []
 
 
 def _found(qs: QuerySet[RunWait, RunWait]) -> dict[uuid.UUID, _Found]:
+    """The look-up's one statement: the waits, with what the lock order needs
+    of their runs, their versions, and whether their scope is paused."""
     found: dict[uuid.UUID, _Found] = {}
-    columns = ("run__depth", "run__parent_id", "run__parent_waits", "run__version")
-    for run_id, depth, parent, waits, version, *wait in qs.values_list(
+    columns = ("run__depth", "run__parent_id", "run__parent_waits", "run__version", "scope_held")
+    qs = qs.annotate(scope_held=scope_held("run__workflow", "tenant_id"))
+    for run_id, depth, parent, waits, version, scope, *wait in qs.values_list(
         "run_id", *columns, "event_type", "match", "after", "gaps"
     ):
-        entry = found.setdefault(run_id, _Found(depth, parent, waits, version))
+        entry = found.setdefault(run_id, _Found(depth, parent, waits, version, scope))
         entry.waits.append((wait[0], wait[1], wait[2], wait[3]))
     return found
 
@@ -477,7 +518,11 @@ def wake_waiters(event: Event) -> None:
             # lock order (their waiting parents first): a locking read through a
             # secondary index would lock every row it scans on MariaDB, and two
             # appenders that wake different runs could deadlock. The look-up
-            # reads what the lock order needs and the runs' waits with them.
+            # reads what the lock order needs and the runs' waits with them,
+            # and whether a pause of their workflow or tenant holds them: a
+            # scope's pause locks no run, so a read under the run's lock would
+            # order nothing more than this read in the same transaction does
+            # (a pause that commits later holds the run's next segment).
             found = _found(qs)
             if found:
                 placed = {run_id: entry.order for run_id, entry in found.items()}
@@ -490,7 +535,9 @@ def wake_waiters(event: Event) -> None:
                         else None
                     )
                     if satisfies(run, event, waits):
-                        if held(run):  # paused: recorded, taken when it is resumed
+                        # Paused (the run under its lock, its scope as the
+                        # look-up read it): recorded, taken when it is resumed.
+                        if held(run, entry.scope_held):
                             mark_matched(run.id, event)
                         else:
                             _wake_inline(run, event)
