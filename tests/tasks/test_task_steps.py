@@ -283,3 +283,55 @@ def test_arguments_that_are_not_json_fail_the_step_without_an_attempt(registry):
     assert "the arguments of task 'doubled'" in run.last_error
     task = task_of(run)
     assert (task.status, task.attempt) == (TaskStatus.FAILED, 0)
+
+
+def test_a_pool_records_one_outcome_at_a_time(monkeypatch):
+    """Its threads share one interpreter lock: outcomes recorded together each
+    held their transaction open for the time of all of them. The second thread
+    waits before its transaction begins, until the first has committed."""
+    runs = [start_workflow("task-double", payload={"args": [n]}) for n in (1, 2)]
+    loop = TaskLoop(threads=2)
+    lock = threading.Lock()
+    active, most, entered = [0], [0], [0]
+    either = threading.Event()  # a second thread waits to record, or records
+    waited: list[bool] = []
+
+    class Watched:
+        def __init__(self, inner: threading.Semaphore) -> None:
+            self.inner = inner
+
+        def __enter__(self) -> None:
+            if not self.inner.acquire(blocking=False):
+                waited.append(True)
+                either.set()
+                self.inner.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.release()
+
+    inner = getattr(loop, "_recording", threading.BoundedSemaphore(2))
+    monkeypatch.setattr(loop, "_recording", Watched(inner), raising=False)
+    real = attempts.record
+
+    def record(attempt, outcome):
+        with lock:
+            active[0] += 1
+            entered[0] += 1
+            most[0] = max(most[0], active[0])
+            first = entered[0] == 1
+        if not first:
+            either.set()
+        try:
+            if first:
+                assert either.wait(30), "the second outcome never came"
+            return real(attempt, outcome)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(attempts, "record", record)
+    assert loop.run_once() == 2
+    loop.drain()
+    loop.close()
+    assert (most[0], waited) == (1, [True])
+    assert [run_of(run).result for run in runs] == [2, 4]
