@@ -59,12 +59,13 @@ RETRY_PAUSE = 0.5
 #: Seconds between two looks for leases that ran out while draining.
 DRAIN_POLL = 0.1
 #: Outcomes a pool records at once. Its threads share one interpreter lock:
-#: 32 attempts that end together, each recording in a transaction of its own
-#: (which resumes the waiting run in it), held each transaction open for the
-#: time of all of them (W7: 220 ms of wall time for 18 ms of CPU, and
-#: more). One at a time, a transaction holds its row locks for its own time;
-#: the other threads wait before they begin, holding nothing.
-RECORDS_AT_ONCE = 1
+#: attempts that end together, each recording in a transaction of its own
+#: (which resumes the waiting run in it), hold each transaction open for
+#: about the CPU time of all of them (W7, 32 threads on a loaded machine:
+#: 220 ms of wall time at the median for 18 ms of CPU). Past this many, a
+#: thread waits before its transaction begins, holding nothing; a few at
+#: once still overlap one's round trips with another's Python.
+RECORDS_AT_ONCE = 4
 
 
 @dataclass

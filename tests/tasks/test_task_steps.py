@@ -21,6 +21,7 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 from kumiflow_django.tasks import attempts
 from kumiflow_django.testing import run_until_idle
+from kumiflow_django.workers import tasks as pool
 from kumiflow_django.workers.tasks import TaskLoop
 from tests.tasks.helpers import calls, fresh_key, release, run_of, started, task_of, wait_until
 
@@ -285,15 +286,17 @@ def test_arguments_that_are_not_json_fail_the_step_without_an_attempt(registry):
     assert (task.status, task.attempt) == (TaskStatus.FAILED, 0)
 
 
-def test_a_pool_records_one_outcome_at_a_time(monkeypatch):
+def test_a_pool_records_a_few_outcomes_at_a_time(monkeypatch):
     """Its threads share one interpreter lock: outcomes recorded together each
-    held their transaction open for the time of all of them. The second thread
-    waits before its transaction begins, until the first has committed."""
-    runs = [start_workflow("task-double", payload={"args": [n]}) for n in (1, 2)]
-    loop = TaskLoop(threads=2)
+    held their transaction open for the time of all of them. Past
+    ``RECORDS_AT_ONCE``, a thread waits before its transaction begins, until
+    one of those has committed."""
+    at_once = getattr(pool, "RECORDS_AT_ONCE", 4)
+    runs = [start_workflow("task-double", payload={"args": [n]}) for n in range(at_once + 1)]
+    loop = TaskLoop(threads=at_once + 1)
     lock = threading.Lock()
     active, most, entered = [0], [0], [0]
-    either = threading.Event()  # a second thread waits to record, or records
+    either = threading.Event()  # one more thread waits to record, or records
     waited: list[bool] = []
 
     class Watched:
@@ -309,7 +312,7 @@ def test_a_pool_records_one_outcome_at_a_time(monkeypatch):
         def __exit__(self, *exc: object) -> None:
             self.inner.release()
 
-    inner = getattr(loop, "_recording", threading.BoundedSemaphore(2))
+    inner = getattr(loop, "_recording", threading.BoundedSemaphore(at_once + 1))
     monkeypatch.setattr(loop, "_recording", Watched(inner), raising=False)
     real = attempts.record
 
@@ -318,20 +321,20 @@ def test_a_pool_records_one_outcome_at_a_time(monkeypatch):
             active[0] += 1
             entered[0] += 1
             most[0] = max(most[0], active[0])
-            first = entered[0] == 1
+            first = entered[0] <= at_once
         if not first:
             either.set()
         try:
-            if first:
-                assert either.wait(30), "the second outcome never came"
+            if first:  # hold the first ones open until the one more comes
+                assert either.wait(30), "the last outcome never came"
             return real(attempt, outcome)
         finally:
             with lock:
                 active[0] -= 1
 
     monkeypatch.setattr(attempts, "record", record)
-    assert loop.run_once() == 2
+    assert loop.run_once() == at_once + 1
     loop.drain()
     loop.close()
-    assert (most[0], waited) == (1, [True])
-    assert [run_of(run).result for run in runs] == [2, 4]
+    assert (most[0], waited) == (at_once, [True])
+    assert [run_of(run).result for run in runs] == [2 * n for n in range(at_once + 1)]
