@@ -145,7 +145,7 @@ def test_the_first_heartbeat_builds_its_snapshots_and_prunes_outside_its_row_tra
 
         return call
 
-    monkeypatch.setattr(serving, "remember", watched("remember", serving.remember))
+    monkeypatch.setattr(serving, "remember", watched("remember", remember))
     monkeypatch.setattr(serving, "prune", watched("prune", serving.prune))
     monkeypatch.setattr(serving, "served_here", watched("served_here", serving.served_here))
     serving.beat("a", started_at=clock.now())
