@@ -12,6 +12,9 @@ class BenchConfig(AppConfig):
     verbose_name = "Benchmark workflows"
 
     def ready(self) -> None:
+        from bench import instrument
+
+        instrument.install()  # only what the bench's environment asks for
         # A worker process the benchmark started counts its statements for
         # the whole of its life, and writes them down when it exits.
         directory = os.environ.get("BENCH_COUNT_DIR")

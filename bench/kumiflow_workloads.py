@@ -566,31 +566,78 @@ def _own_peak_mb() -> float:
 
 class _LongestTransaction:
     """Samples pg_stat_activity every 5 ms from a connection of its own: the
-    longest transaction any other session of the database held open."""
+    longest transaction any other session of the database held open, and
+    who held it (pid, application name, backend type, state, its last query
+    and when the transaction began), so that a long one names its holder."""
 
     def __init__(self, url: str) -> None:
         import threading
 
         import psycopg
 
-        self.conn = psycopg.connect(url.replace("postgres://", "postgresql://"), autocommit=True)
+        self.conn = psycopg.connect(
+            url.replace("postgres://", "postgresql://"),
+            autocommit=True,
+            application_name="bench-sampler",
+        )
         self.longest_ms = 0.0
+        self.holder: dict[str, Any] = {}
+        #: The longest transaction of each application name (the bench's driver,
+        #: the worker): which side a long one is on.
+        self.by_application: dict[str, float] = {}
+        #: Samples that caught an idle LISTEN session reading a notification.
+        self.notification_reads = 0
         self.samples = 0
+        #: Sessions of this process (the bench's own driver connection): named
+        #: in the holder so that a long transaction of the bench is told apart.
+        self.own_pids: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            row = self.conn.execute(
-                "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0) "
+            rows = self.conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp() - xact_start), pid, "
+                "application_name, backend_type, state, left(query, 400), xact_start, "
+                "backend_start, wait_event_type, wait_event "
                 "FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
-            ).fetchone()
-            self.longest_ms = max(self.longest_ms, float(row[0]) * 1000 if row else 0.0)
+                "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL "
+                "ORDER BY xact_start"
+            ).fetchall()
+            # An idle session has no transaction of its client's. One that
+            # LISTENs reads each notification in a transaction of the server's
+            # own, for an instant, and pg_stat_activity gives it the start of
+            # the session's last statement (its LISTEN, seconds or hours ago):
+            # counted apart, it is not a transaction anyone holds open.
+            self.notification_reads += sum(1 for held in rows if held[4] == "idle")
+            rows = [held for held in rows if held[4] != "idle"]
+            for held in rows:
+                app = "bench-driver" if held[1] in self.own_pids else (held[2] or "?")
+                self.by_application[app] = max(
+                    self.by_application.get(app, 0.0), round(float(held[0]) * 1000, 1)
+                )
+            row = rows[0] if rows else None
+            if row is not None and float(row[0]) * 1000 > self.longest_ms:
+                self.longest_ms = float(row[0]) * 1000
+                self.holder = {
+                    "pid": row[1],
+                    "application_name": row[2],
+                    "backend_type": row[3],
+                    "state": row[4],
+                    "query": row[5],
+                    "xact_start": row[6].isoformat(),
+                    "backend_start": row[7].isoformat(),
+                    "wait_event": f"{row[8]}:{row[9]}" if row[8] else None,
+                    "bench_driver": row[1] in self.own_pids,
+                }
             self.samples += 1
             self._stop.wait(0.005)
 
     def __enter__(self) -> _LongestTransaction:
+        from django.db import connection
+
+        connection.ensure_connection()
+        self.own_pids.add(connection.connection.info.backend_pid)
         self._thread.start()
         return self
 
@@ -606,12 +653,28 @@ def w7(db: str) -> dict[str, Any]:
     if db != "postgresql":
         return {"skipped": "measured on PostgreSQL (pg_stat_activity)"}
     url = database_url(db, "kumiflow_bench_w7")
+    os.environ["PGAPPNAME"] = "bench-driver"  # libpq's: who holds a transaction
     setup_django(url)
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from bench.instrument import summary
     from kumiflow_django import start_workflow
+    from kumiflow_django.definition.serving import WorkerProcess
     from kumiflow_django.models import StepTask, WorkflowRun
 
-    worker = _spawn_worker(url, None, "--task-threads", "32")
-    time.sleep(3)  # the worker is up and polling
+    trace = Path(tempfile.mkstemp(prefix="w7-tx-", suffix=".json")[1])
+    worker = _spawn_worker(
+        url,
+        {"PGAPPNAME": "bench-worker", "BENCH_TX_TRACE": str(trace)},
+        "--task-threads",
+        "32",
+    )
+    # Up once its heartbeat row is written (the loops start right after it),
+    # and a second more: its start is not part of the drain.
+    up = _wait(lambda: WorkerProcess.objects.exists(), 60)
+    time.sleep(1)
     n = 500
     try:
         with _LongestTransaction(url) as longest:
@@ -624,13 +687,21 @@ def w7(db: str) -> dict[str, Any]:
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
+    transactions = json.loads(trace.read_text() or "{}")
+    trace.unlink(missing_ok=True)
     return _with_workers(counted) | {
-        "completed": done,
+        "completed": up and done,
         "all_complete_s": round(wall, 3),
         "ideal_s": round(n * 0.2 / 32, 3),
         "attempts": sum(StepTask.objects.values_list("attempt", flat=True)),
         "longest_transaction_ms": round(longest.longest_ms, 1),
+        "longest_transaction_holder": longest.holder,
+        "longest_transaction_by_application_ms": longest.by_application,
         "transaction_samples": longest.samples,
+        "notification_read_samples": longest.notification_reads,
+        # The worker's own transactions, timed in the worker, by the function
+        # that opened them (bench/instrument.py): the longest sites.
+        "worker_transactions_ms": summary(transactions),
     }
 
 

@@ -40,8 +40,15 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name) or default)
 
 
-def _manage(url: str, *args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "bench.settings"}
+def _manage(
+    url: str, *args: str, log: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DJANGO_SETTINGS_MODULE": "bench.settings",
+        **(env or {}),
+    }
     out = log.open("wb") if log else subprocess.DEVNULL
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],
@@ -94,8 +101,20 @@ def _drain(url: str, name: str, processes: int, n: int) -> dict[str, Any]:
         Path(tempfile.mkstemp(prefix=f"w9-{processes}-", suffix=".log")[1])
         for _ in range(processes)
     ]
+    # BENCH_W9_PROFILE=dir: a cProfile of each worker process (bench/instrument.py).
+    profiles = os.environ.get("BENCH_W9_PROFILE")
     workers = [
-        _manage(url, "kumiflow_worker", "--max-interval", "1", "-v", "1", log=log) for log in logs
+        _manage(
+            url,
+            "kumiflow_worker",
+            "--max-interval",
+            "1",
+            "-v",
+            "1",
+            log=log,
+            env={"BENCH_PROFILE": f"{profiles}/w9-{processes}p-{i}.prof"} if profiles else None,
+        )
+        for i, log in enumerate(logs)
     ]
     ready = "listening for notifications" if vendor == "postgresql" else "resume loop started"
     try:
@@ -141,6 +160,9 @@ def _drain(url: str, name: str, processes: int, n: int) -> dict[str, Any]:
         # segment is a resume too).
         "exactly_once": len(counts) == 3 * n and set(counts) == {1} and segments == 3 * n,
         "worker_cpu_s": round(worker_cpu, 1),
+        # What the comparison across process counts is made of: the machine
+        # is shared, so CPU time per run, not wall time.
+        "worker_cpu_ms_per_run": round(worker_cpu * 1000 / n, 2),
         "database_cpu_s": round(db_cpu, 1),
         # Share of all CPUs busy during the drain, and in the second before it
         # (other work on the machine; the workers and the database were idle).

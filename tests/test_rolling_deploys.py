@@ -127,6 +127,32 @@ def test_heartbeats_refresh_and_stale_rows_are_pruned(registry, clock):
     assert serving.Served.read().fingerprints == frozenset()
 
 
+def test_the_first_heartbeat_builds_its_snapshots_and_prunes_outside_its_row_transaction(
+    registry, clock, monkeypatch
+):
+    """Building every definition's snapshot is the costly part of a worker's
+    start: the transaction that writes its heartbeat row holds no lock meanwhile."""
+    from django.db import connection
+
+    deploy(registry, OLD)
+    depth = len(connection.atomic_blocks)  # the test's own transaction, if any
+    seen: dict[str, int] = {}
+
+    def watched(name, real):
+        def call(*args, **kwargs):
+            seen[name] = len(connection.atomic_blocks)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(serving, "remember", watched("remember", remember))
+    monkeypatch.setattr(serving, "prune", watched("prune", serving.prune))
+    monkeypatch.setattr(serving, "served_here", watched("served_here", serving.served_here))
+    serving.beat("a", started_at=clock.now())
+    assert seen == {"remember": depth, "prune": depth, "served_here": depth}
+    assert WorkerProcess.objects.filter(pk="a").exists()
+
+
 @override_settings(KUMIFLOW_UNKNOWN_DEFINITION_GRACE=600)
 def test_after_the_grace_the_run_fails_naming_the_missing_definition(newer_run, clock):
     old, new, run = newer_run

@@ -122,12 +122,15 @@ def beat(worker_id: str, *, started_at: datetime | None = None) -> None:
     ``INSERT IGNORE`` of the snapshot table): the beat is run again then, not
     the worker brought down at its start."""
     now = clock.now()
+    if started_at is not None:
+        # Each snapshot in a transaction of its own, before the row: building
+        # them is the costly part, and no lock waits for it.
+        for workflow in registry.all_versions():
+            remember(workflow)
+    definitions = served_here()
     with db.atomic():
-        if started_at is not None:
-            for workflow in registry.all_versions():
-                remember(workflow)
         updated = WorkerProcess.objects.filter(pk=worker_id).update(
-            last_seen=now, definitions=served_here()
+            last_seen=now, definitions=definitions
         )
         if not updated:
             WorkerProcess.objects.create(
@@ -136,9 +139,9 @@ def beat(worker_id: str, *, started_at: datetime | None = None) -> None:
                 pid=os.getpid(),
                 started_at=started_at or now,
                 last_seen=now,
-                definitions=served_here(),
+                definitions=definitions,
             )
-        prune(now)
+    prune(now)
 
 
 def leave(worker_id: str) -> None:

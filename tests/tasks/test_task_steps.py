@@ -21,6 +21,7 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 from kumiflow_django.tasks import attempts
 from kumiflow_django.testing import run_until_idle
+from kumiflow_django.workers import tasks as pool
 from kumiflow_django.workers.tasks import TaskLoop
 from tests.tasks.helpers import calls, fresh_key, release, run_of, started, task_of, wait_until
 
@@ -283,3 +284,57 @@ def test_arguments_that_are_not_json_fail_the_step_without_an_attempt(registry):
     assert "the arguments of task 'doubled'" in run.last_error
     task = task_of(run)
     assert (task.status, task.attempt) == (TaskStatus.FAILED, 0)
+
+
+def test_a_pool_records_a_few_outcomes_at_a_time(monkeypatch):
+    """Its threads share one interpreter lock: outcomes recorded together each
+    held their transaction open for the time of all of them. Past
+    ``RECORDS_AT_ONCE``, a thread waits before its transaction begins, until
+    one of those has committed."""
+    at_once = getattr(pool, "RECORDS_AT_ONCE", 4)
+    runs = [start_workflow("task-double", payload={"args": [n]}) for n in range(at_once + 1)]
+    loop = TaskLoop(threads=at_once + 1)
+    lock = threading.Lock()
+    active, most, entered = [0], [0], [0]
+    either = threading.Event()  # one more thread waits to record, or records
+    waited: list[bool] = []
+
+    class Watched:
+        def __init__(self, inner: threading.Semaphore) -> None:
+            self.inner = inner
+
+        def __enter__(self) -> None:
+            if not self.inner.acquire(blocking=False):
+                waited.append(True)
+                either.set()
+                self.inner.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.release()
+
+    inner = getattr(loop, "_recording", threading.BoundedSemaphore(at_once + 1))
+    monkeypatch.setattr(loop, "_recording", Watched(inner), raising=False)
+    real = attempts.record
+
+    def record(attempt, outcome):
+        with lock:
+            active[0] += 1
+            entered[0] += 1
+            most[0] = max(most[0], active[0])
+            first = entered[0] <= at_once
+        if not first:
+            either.set()
+        try:
+            if first:  # hold the first ones open until the one more comes
+                assert either.wait(30), "the last outcome never came"
+            return real(attempt, outcome)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(attempts, "record", record)
+    assert loop.run_once() == at_once + 1
+    loop.drain()
+    loop.close()
+    assert (most[0], waited) == (at_once, [True])
+    assert [run_of(run).result for run in runs] == [2 * n for n in range(at_once + 1)]
