@@ -270,7 +270,7 @@ class TaskLoop(Loop):
         finally:
             with self._pool.lock:
                 self._pool.running.pop((attempt.task_id, attempt.number), None)
-            self._wake.set()  # a thread is free
+            self.wake()  # a thread is free
 
     def _record(self, attempt: attempts.Attempt, outcome: attempts.Outcome) -> None:
         """Record the outcome; a deadlock or a lost connection is tried again at
