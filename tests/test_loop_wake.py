@@ -28,8 +28,8 @@ class Sleeper(Loop):
     name = "sleeper"
     kinds = ("resume",)
 
-    def __init__(self, due: datetime | None, **kwargs: float) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, due: datetime | None, *, max_interval: float) -> None:
+        super().__init__(max_interval=max_interval)
         self.due = due
 
     def run_once(self) -> int:
