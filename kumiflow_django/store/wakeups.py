@@ -2,10 +2,17 @@
 
 A transaction that leaves a due (or soon due) run, dispatch or schedule
 calls :func:`work_committed`. After it commits, loops in this process are
-woken directly, and on PostgreSQL a ``NOTIFY`` wakes loops in other
+told directly, and on PostgreSQL a ``NOTIFY`` tells loops in other
 processes; hooks registered with :func:`on_committed` (the Django Tasks
-wake-up, :mod:`kumiflow_django.tasks`) see every piece of work. The loops'
-own polls stay the source of truth: a lost notification only costs latency.
+wake-up, :mod:`kumiflow_django.tasks`) see every piece of work. Each loop is
+told the kind and when it is due: work due now wakes it, a timer earlier
+than the one it sleeps for shortens its sleep (``Loop.notify``). The
+``NOTIFY`` payload is the kind, then ``@`` and the wake time in ISO 8601
+when it is later than now (``resume@2026-12-02T05:30:00.250000+00:00``);
+only timers due within ``KUMIFLOW_MAX_INTERVAL`` are notified to other
+processes (a later one is read by their next poll, before it is due). The
+loops' own polls stay the source of truth: a lost notification only costs
+latency.
 
 :func:`notify` is the one way the package sends a PostgreSQL notification
 (the loops' wake-ups here, the live streams' changed runs): after the
@@ -52,7 +59,8 @@ class Work(NamedTuple):
     item: uuid.UUID | None = None
 
 
-Listener = Callable[[str], None]
+#: ``listener(kind, when)``: work of ``kind`` committed, due at ``when`` (None: now).
+Listener = Callable[[str, datetime | None], None]
 Hook = Callable[[Work], None]
 _listeners: list[Listener] = []
 _hooks: list[Hook] = []
@@ -60,7 +68,7 @@ _lock = threading.Lock()
 
 
 def subscribe(listener: Listener) -> None:
-    """Call ``listener(kind)`` whenever work of some kind is committed (a loop's wake-up)."""
+    """Call ``listener(kind, when)`` whenever work of some kind is committed (a loop's wake-up)."""
     with _lock:
         _listeners.append(listener)
 
@@ -97,22 +105,37 @@ def _committed(work: Work) -> None:
         except Exception:  # one hook never stops the wake-up of the loops
             fields = log_fields(run_id=work.run_id)
             logger.warning("a wake-up hook failed for %s", work, exc_info=True, extra=fields)
-    soon = clock.now() + timedelta(seconds=settings.MAX_INTERVAL)
-    if work.when is None or work.when <= soon:  # far away: the loops find it by polling
-        announce(work.kind)
+    now = clock.now()
+    when = work.when if work.when is not None and work.when > now else None
+    announce_local(work.kind, when)
+    if when is None or when <= now + timedelta(seconds=settings.MAX_INTERVAL):
+        notify(CHANNEL, payload(work.kind, when))  # far away: their next poll reads it
 
 
-def announce_local(kind: str) -> None:
+def announce_local(kind: str, when: datetime | None = None) -> None:
+    """Tell the loops of this process about work of ``kind`` due at ``when`` (None: now)."""
     with _lock:
         listeners = list(_listeners)
     for listener in listeners:
-        listener(kind)
+        listener(kind, when)
 
 
-def announce(kind: str) -> None:
-    """Wake the loops of ``kind`` here, and (PostgreSQL) in every other process."""
-    announce_local(kind)
-    notify(CHANNEL, kind)
+def payload(kind: str, when: datetime | None = None) -> str:
+    """The ``NOTIFY`` payload of work of ``kind`` due at ``when`` (None: now)."""
+    return kind if when is None else f"{kind}@{when.isoformat()}"
+
+
+def parse(text: str) -> tuple[str, datetime | None]:
+    """The kind and wake time of a ``NOTIFY`` payload; a wake time that does
+    not parse counts as now (a spurious wake-up costs a poll, a lost one a delay)."""
+    kind, _, at = text.partition("@")
+    try:
+        when = datetime.fromisoformat(at) if at else None
+    except ValueError:
+        when = None
+    if when is not None and when.tzinfo is None:
+        when = None
+    return kind, when
 
 
 class _Batch:

@@ -96,7 +96,7 @@ class PgListener(threading.Thread):
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             logger.debug("notified: %s", note.payload)
-                            wakeups.announce_local(note.payload)
+                            wakeups.announce_local(*wakeups.parse(note.payload))
             except Exception as exc:
                 self.listening.clear()
                 away = isinstance(exc, psycopg.OperationalError)  # the connection's errors

@@ -1,10 +1,14 @@
 """The shape every background loop shares (resume, dispatch, cron).
 
-A loop does a batch of work, then sleeps until its next known due time,
-bounded by ``max_interval``, or until it is told that new work was
-committed (in this process, or by PostgreSQL ``NOTIFY`` from another).
-``stop()`` makes it finish the item at hand and return. Commands are thin
-shells around these classes; tests call ``run_once()`` directly.
+A loop does a batch of work, then sleeps until the earliest wake time it
+knows, bounded by ``max_interval``. It knows the one its database had when
+the batch ended (``next_due``) and every one announced since the batch
+began: work committed in this process, or (PostgreSQL) by another process,
+whose ``NOTIFY`` carries the wake time. Work due now ends the sleep at once;
+a timer earlier than the one it sleeps for shortens it, without a poll; a
+later one changes nothing. ``stop()`` makes it finish the item at hand and
+return. Commands are thin shells around these classes; tests call
+``run_once()`` directly.
 
 A batch that raises (the database is away: restarting, unreachable) is an
 :class:`Outage`: one line when it starts, a capped exponential backoff with
@@ -125,7 +129,14 @@ class Loop:
         self.batch_size = batch_size
         self.max_interval = max_interval
         self._stopping = threading.Event()
-        self._wake = threading.Event()
+        #: Guards the two below; ``idle`` waits on it.
+        self._wakeup = threading.Condition()
+        #: Poll at once: work due now was announced, or ``stop()`` was called.
+        self._poll_now = False
+        #: The earliest wake time announced since the current batch began
+        #: (what was announced before it is in the database, for the batch
+        #: and ``next_due`` to read).
+        self._announced: datetime | None = None
         self.outage = Outage(f"{self.name} loop")
 
     # -- to implement ------------------------------------------------------
@@ -144,27 +155,65 @@ class Loop:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._wake.set()
+        self.wake()
 
-    def notify(self, kind: str) -> None:
-        if kind in self.kinds:
-            self._wake.set()
+    def wake(self) -> None:
+        """End the current (or the next) sleep at once: there is work to do now."""
+        with self._wakeup:
+            self._poll_now = True
+            self._wakeup.notify_all()
+
+    def notify(self, kind: str, when: datetime | None = None) -> None:
+        """Work of ``kind`` was committed, due at ``when`` (None: now).
+
+        Due now: the loop polls at once. Due later: the loop's sleep ends no
+        later than ``when`` (a sleep for an earlier time goes on unchanged)."""
+        if kind not in self.kinds:
+            return
+        if when is None or when <= clock.now():
+            self.wake()
+            return
+        with self._wakeup:
+            if self._announced is None or when < self._announced:
+                self._announced = when
+                self._wakeup.notify_all()
 
     def sleep_seconds(self) -> float:
+        """Seconds until the earliest known wake time (``next_due`` or one
+        announced since the batch began), at most ``max_interval``."""
         due = self.next_due()
+        with self._wakeup:
+            announced = self._announced
+        if announced is not None and (due is None or announced < due):
+            due = announced
         if due is None:
             return self.max_interval
         seconds = (due - clock.now()).total_seconds()
         return min(max(seconds, 0.0), self.max_interval)
 
     def idle(self, seconds: float) -> None:
-        """Pause up to ``seconds``: until work is announced or ``stop()`` is called."""
-        self._wake.wait(seconds)
-        self._wake.clear()
+        """Pause up to ``seconds``, and not past a wake time announced
+        meanwhile: until then, until work due now is announced, or until
+        ``stop()`` is called. A wait the system ends early is resumed: the
+        loop does not poll before its time."""
+        end = time.monotonic() + seconds
+        with self._wakeup:
+            while not self._poll_now:
+                remaining = end - time.monotonic()
+                if self._announced is not None:
+                    until = (self._announced - clock.now()).total_seconds()
+                    remaining = min(remaining, until)
+                if remaining <= 0:
+                    break
+                self._wakeup.wait(remaining)
+            self._poll_now = False
 
     def poll(self) -> float | None:
         """One batch; the pause before the next (None: more is due). A batch that
         raises is a failed try of the outage: it answers the backoff's pause."""
+        with self._wakeup:
+            # Announced before the batch: committed, so the batch (or next_due) sees it.
+            self._announced = None
         try:
             handled = self.run_once()
             pause = None if handled >= self.batch_size else self.sleep_seconds()

@@ -279,7 +279,7 @@ class TaskLoop(Loop):
         finally:
             with self._pool.lock:
                 self._pool.running.pop((attempt.task_id, attempt.number), None)
-            self._wake.set()  # a thread is free
+            self.wake()  # a thread is free
 
     def _record(self, attempt: attempts.Attempt, outcome: attempts.Outcome) -> None:
         """Record the outcome (one thread of the pool at a time: :data:`RECORDS_AT_ONCE`);
