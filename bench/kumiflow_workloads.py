@@ -23,6 +23,7 @@ from bench.common import (
     release_freed_memory,
     setup_django,
 )
+from bench.http_workloads import WORKLOADS as HTTP_WORKLOADS
 from bench.scale_workloads import WORKLOADS as SCALE_WORKLOADS
 
 
@@ -935,4 +936,5 @@ WORKLOADS = {
     "W12": w12,
     "W13": w13,
     **SCALE_WORKLOADS,
+    **HTTP_WORKLOADS,
 }

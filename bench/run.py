@@ -47,6 +47,7 @@ PLAN = {
     "W10": ["postgresql"],
     "W11": ["postgresql"],
     "W13": ["sqlite", "postgresql"],
+    "W14": ["sqlite", "postgresql"],
 }
 #: Asked for by name only (``--only W12``): not in the default set.
 ON_REQUEST = {"W12": ["sqlite", "postgresql"]}
