@@ -27,6 +27,7 @@ from bench.common import (
     setup_django,
     workers_counted,
 )
+from bench.http_workloads import WORKLOADS as HTTP_WORKLOADS
 from bench.scale_workloads import WORKLOADS as SCALE_WORKLOADS
 
 
@@ -1037,4 +1038,5 @@ WORKLOADS = {
     "W12": w12,
     "W13": w13,
     **SCALE_WORKLOADS,
+    **HTTP_WORKLOADS,
 }

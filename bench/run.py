@@ -1,4 +1,4 @@
-"""The benchmark: W1-W11 and W13, optionally side by side with DBOS.
+"""The benchmark: W1-W11, W13 and W14, optionally side by side with DBOS.
 
     python bench/run.py [--only W1,W9] [--db sqlite,postgres,mariadb] [--peer dbos]
                         [--w9-runs 2000] [--w10-runs 1000000] [--w11-runs 1000000]
@@ -52,6 +52,7 @@ PLAN = {
     "W10": ["postgresql"],
     "W11": ["postgresql"],
     "W13": ["sqlite", "postgresql"],
+    "W14": ["sqlite", "postgresql"],
 }
 #: Asked for by name only (``--only W12``): not in the default set.
 ON_REQUEST = {"W12": ["sqlite", "postgresql"]}
@@ -333,6 +334,16 @@ def targets(results: list[dict[str, Any]], peer: bool) -> list[dict[str, Any]]:
             f"{w11['p99_ratio']}x ({w11['w1_during_p99_ms']} vs {w11['w1_alone_p99_ms']} ms); "
             f"{w11['retention_rows_per_s']:,} rows deleted/s",
         )
+    for db in ("postgresql", "sqlite"):
+        w14 = k("W14", db)
+        for endpoint in ("start", "read", "list", "append") if w14 else ():
+            target(
+                f"W14 HTTP {endpoint} within 2x of a plain Django JSON view ({db})",
+                w14[f"{endpoint}_floor_ratio"] <= 2,
+                f"{w14[f'{endpoint}_floor_ratio']}x ({w14[f'{endpoint}_per_s']} vs "
+                f"{w14['floor_per_s']} requests/s; p50 {w14[f'{endpoint}_p50_ms']} ms; "
+                f"server CPU {w14[f'{endpoint}_cpu_floor_ratio']}x)",
+            )
     for r in results:
         if r["engine"] == "kumiflow" and "worker_peak_rss_mb" in r:
             target(
@@ -357,6 +368,7 @@ HEADLINES = {
     "W11": "p99_ratio",
     "W12": "overview_ms",
     "W13": "runs_per_s",
+    "W14": "read_floor_ratio",
 }
 
 

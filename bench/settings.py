@@ -13,3 +13,5 @@ KUMIFLOW_MAX_INTERVAL = 1.0
 KUMIFLOW_TRACING = KUMIFLOW_METRICS = os.environ.get("BENCH_OBSERVED") == "1"
 # The testproject's second database is for its tests; the benchmark has one.
 DATABASES.pop("workflows", None)  # noqa: F405
+# W14's floor views next to the testproject's URLs (bench/urls.py).
+ROOT_URLCONF = "bench.urls"

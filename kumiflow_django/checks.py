@@ -168,6 +168,12 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     ),
     "API_PAGE_SIZE": ("kumiflow.E022", _positive_int, "a positive integer"),
     "API_MAX_PAGE_SIZE": ("kumiflow.E023", _positive_int, "a positive integer"),
+    "RETENTION_BATCH_SIZE": ("kumiflow.E080", _positive_int, "a positive integer (runs)"),
+    "RETENTION_PAUSE": (
+        "kumiflow.E081",
+        lambda v: _positive_number(v) or (v == 0 and not isinstance(v, bool)),
+        "zero or a positive number of seconds",
+    ),
     "SSE_HEARTBEAT": ("kumiflow.E024", _positive_number, "a positive number of seconds"),
     "SSE_POLL_INTERVAL": ("kumiflow.E025", _positive_number, "a positive number of seconds"),
     "SSE_MAX_LISTENERS": ("kumiflow.E029", _non_negative_int, "zero or a positive integer"),

@@ -109,6 +109,13 @@ class KumiflowSettings:
     API_PAGE_SIZE: int = 50
     #: The largest page of the run list a request may ask for.
     API_MAX_PAGE_SIZE: int = 500
+    #: Runs ``kumiflow_retention`` deletes per transaction (``--batch-size``):
+    #: short transactions, a few thousand rows each (the runs and their events).
+    RETENTION_BATCH_SIZE: int = 500
+    #: Seconds ``kumiflow_retention`` sleeps between two batches (``--pause``), so
+    #: that the live workload gets the CPUs and the WAL flush back between them
+    #: (docs/performance.md, W11); 0 deletes as fast as the database goes.
+    RETENTION_PAUSE: float = 0.05
     #: Seconds between two keep-alive comments of a live run stream (SSE), so
     #: that proxies do not close an idle stream; also how soon a WSGI server
     #: notices a client that has gone.

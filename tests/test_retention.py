@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import call_command
@@ -444,3 +444,65 @@ def test_a_run_goes_with_its_tasks_and_comes_back_with_them(registry, clock, tmp
     Restore().restore([report.archive])
     assert list(StepTask.objects.values()) == before_task
     assert log() == before
+
+
+# -- the default batch and pause ------------------------------------------------------
+
+
+def _waits(retention: Retention) -> list[float]:
+    """The pauses ``retention`` takes between batches (recorded, not slept)."""
+    waits: list[float] = []
+
+    def wait(timeout: float | None = None) -> bool:
+        waits.append(timeout or 0.0)
+        return False
+
+    retention._stopping.wait = wait  # type: ignore[method-assign]
+    return waits
+
+
+@pytest.mark.django_db
+def test_the_batch_and_the_pause_default_to_the_settings(history, settings):
+    settings.KUMIFLOW_RETENTION_BATCH_SIZE = 2
+    settings.KUMIFLOW_RETENTION_PAUSE = 0.25
+    retention = Retention(history["cutoff"])
+    waits = _waits(retention)
+    report = retention.run()
+    assert report.runs == 5 and report.batches >= 3
+    assert waits == [0.25] * report.batches, "one pause after every batch"
+
+
+@pytest.mark.django_db
+def test_a_pause_of_zero_given_to_the_command_turns_the_pause_off(history, settings, monkeypatch):
+    settings.KUMIFLOW_RETENTION_PAUSE = 0.25
+
+    class Recorded(Retention):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+            self.waits = _waits(self)
+
+    made: list[Recorded] = []
+
+    monkeypatch.setattr(
+        "kumiflow_django.management.commands.kumiflow_retention.Retention", Recorded
+    )
+    call_command("kumiflow_retention", "--finished-before", "P50D", "--pause", "0", verbosity=0)
+    (retention,) = made
+    assert (retention.pause, retention.batch_size, retention.waits) == (0.0, 500, [])
+    assert not WorkflowRun.objects.filter(id__in=history["going"]).exists()
+
+
+def test_the_retention_settings_are_checked(settings):
+    from kumiflow_django.checks import check_settings
+
+    settings.KUMIFLOW_RETENTION_BATCH_SIZE = 0
+    settings.KUMIFLOW_RETENTION_PAUSE = -0.5
+    found = {m.id for m in check_settings()}
+    assert {"kumiflow.E080", "kumiflow.E081"} <= found
+    settings.KUMIFLOW_RETENTION_BATCH_SIZE = 100
+    settings.KUMIFLOW_RETENTION_PAUSE = 0
+    found = {m.id for m in check_settings()}
+    assert not found & {"kumiflow.E080", "kumiflow.E081"}
+    with pytest.raises(ValueError, match="pause"):
+        Retention(datetime.now(UTC), pause=-1)

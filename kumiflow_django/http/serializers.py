@@ -10,6 +10,7 @@ import base64
 import binascii
 import json
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,19 +62,25 @@ def position(cursor: Any) -> str | None:
 
 
 def run_summary(run: WorkflowRun) -> dict[str, Any]:
+    return summary({name: getattr(run, name) for name in SUMMARY_FIELDS})
+
+
+def summary(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's summary from its :data:`SUMMARY_FIELDS` columns: the run list reads
+    them with ``values()``, a page of rows without building a model per row."""
     return {
-        "id": str(run.id),
-        "tenant": run.tenant_id,
-        "workflow": run.workflow,
-        "workflow_version": run.workflow_version or None,
-        "status": run.status,
-        "position": position(run.cursor),
-        "idempotency_key": run.idempotency_key,
-        "stream_version": run.version,
-        "started_at": timestamp(run.started_at),
-        "updated_at": timestamp(run.updated_at),
-        "finished_at": timestamp(run.finished_at),
-        "attributes": dict(run.attributes or {}),
+        "id": str(values["id"]),
+        "tenant": values["tenant_id"],
+        "workflow": values["workflow"],
+        "workflow_version": values["workflow_version"] or None,
+        "status": values["status"],
+        "position": position(values["cursor"]),
+        "idempotency_key": values["idempotency_key"],
+        "stream_version": values["version"],
+        "started_at": timestamp(values["started_at"]),
+        "updated_at": timestamp(values["updated_at"]),
+        "finished_at": timestamp(values["finished_at"]),
+        "attributes": dict(values["attributes"] or {}),
     }
 
 
@@ -115,9 +122,10 @@ def event_json(row: tuple[Any, ...]) -> dict[str, Any]:
     return {("tenant" if name == "tenant_id" else name): v for name, v in values.items()}
 
 
-def encode_cursor(run: WorkflowRun) -> str:
-    """An opaque mark after ``run`` in (started_at, id) order: new runs never move it."""
-    raw = json.dumps([run.started_at.astimezone(UTC).isoformat(), str(run.id)])
+def encode_cursor(started_at: datetime, run_id: uuid.UUID) -> str:
+    """An opaque mark after the run of this key in (started_at, id) order: new
+    runs never move it."""
+    raw = json.dumps([started_at.astimezone(UTC).isoformat(), str(run_id)])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

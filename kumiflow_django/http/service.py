@@ -37,7 +37,7 @@ from kumiflow_django.http.auth import Principal
 from kumiflow_django.http.errors import ApiError, bad_request, from_kumiflow
 from kumiflow_django.models import WorkflowRun
 from kumiflow_django.projections import attributes as attribute_index
-from kumiflow_django.store import limits, log
+from kumiflow_django.store import limits, log, sql
 from kumiflow_django.store.audit import check_operator
 from kumiflow_django.store.errors import InvalidEvent
 from kumiflow_django.store.telemetry import get_logger
@@ -55,11 +55,10 @@ def parse_run_id(run_id: str) -> uuid.UUID:
 
 
 def find_run(principal: Principal, run_id: str) -> WorkflowRun:
-    """The run with this id in one of the caller's tenants, or a 404."""
-    run = WorkflowRun.objects.filter(
-        pk=parse_run_id(run_id), tenant_id__in=principal.tenants
-    ).first()
-    if run is None:
+    """The run with this id in one of the caller's tenants, or a 404 (also for a
+    run of another tenant: it is not found, not forbidden)."""
+    run = sql.select_one(WorkflowRun, id=parse_run_id(run_id))
+    if run is None or run.tenant_id not in principal.tenants:
         raise ApiError("not_found", "no such run")
     return run
 
@@ -89,7 +88,7 @@ def list_runs(
     size = settings.API_PAGE_SIZE if limit is None else limit
     if size > settings.API_MAX_PAGE_SIZE:
         raise bad_request("limit", f"must be at most {settings.API_MAX_PAGE_SIZE}")
-    qs = WorkflowRun.objects.only(*serializers.SUMMARY_FIELDS)
+    qs = WorkflowRun.objects.all()
     if tenant is not None:
         qs = qs.filter(tenant_id=principal.tenant(tenant))
     else:
@@ -107,12 +106,16 @@ def list_runs(
     if cursor is not None:
         started, last_id = serializers.decode_cursor(cursor)
         qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, id__lt=last_id))
-    rows = list(qs.order_by("-started_at", "-id")[: size + 1])
+    ordered = qs.order_by("-started_at", "-id").values(*serializers.SUMMARY_FIELDS)
+    rows = list(ordered[: size + 1])
     page = rows[:size]
     more = len(rows) > size
+    last = page[-1] if more else None
     return {
-        "runs": [serializers.run_summary(run) for run in page],
-        "next_cursor": serializers.encode_cursor(page[-1]) if more else None,
+        "runs": [serializers.summary(row) for row in page],
+        "next_cursor": None
+        if last is None
+        else serializers.encode_cursor(last["started_at"], last["id"]),
     }
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from kumiflow_django.conf import settings
 from kumiflow_django.http.models import ApiToken
+from kumiflow_django.store import sql
 
 #: Every permission the HTTP API checks, as ``app_label.codename``. The first
 #: four are the app's own (the admin checks them too); the last two are new.
@@ -88,11 +89,16 @@ def find_token(secret: str) -> ApiToken | None:
 
 def find_token_by_hash(key_hash: str) -> ApiToken | None:
     """:func:`find_token` by the secret's hash: how a live stream looks its token up
-    again without keeping the secret."""
-    token = ApiToken.objects.usable().filter(key_hash=key_hash).first()
-    if token is None:
-        return None
+    again without keeping the secret.
+
+    One indexed read of the token's row on every call, never a cached answer: a
+    revoked token (its row deleted) or one past its expiry is refused at once.
+    The read is :func:`~kumiflow_django.store.sql.select_one`, the expiry the
+    condition of ``ApiToken.objects.usable()`` checked on the row read."""
+    token = sql.select_one(ApiToken, key_hash=key_hash)
     now = timezone.now()
+    if token is None or (token.expires_at is not None and token.expires_at <= now):
+        return None
     if token.last_used_at is None or now - token.last_used_at >= LAST_USED_EVERY:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now

@@ -50,6 +50,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -49,6 +49,7 @@ from typing import Any
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
 
+from kumiflow_django.conf import settings
 from kumiflow_django.projections import attributes as attribute_index
 from kumiflow_django.projections.dispatches import DELIVERABLE, DISPATCHES
 from kumiflow_django.projections.runs import FINISHED, RUNS, WorkflowRun
@@ -163,11 +164,17 @@ class Retention:
         self,
         finished_before: datetime,
         *,
-        batch_size: int = 500,
+        batch_size: int | None = None,
         archive_dir: Path | None = None,
-        pause: float = 0.0,
+        pause: float | None = None,
         owner: str | None = None,
     ) -> None:
+        """``batch_size`` and ``pause``: ``KUMIFLOW_RETENTION_BATCH_SIZE`` and
+        ``KUMIFLOW_RETENTION_PAUSE`` unless given."""
+        batch_size = settings.RETENTION_BATCH_SIZE if batch_size is None else batch_size
+        pause = settings.RETENTION_PAUSE if pause is None else pause
+        if pause < 0:
+            raise ValueError(f"pause must not be negative: {pause}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1: {batch_size}")
         self.cutoff = finished_before

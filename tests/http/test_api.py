@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -422,6 +424,47 @@ def test_an_expired_or_revoked_token_is_refused(token_client):
     assert client.get(f"{API}runs/").status_code == 401
     token.delete()
     assert client.get(f"{API}runs/").status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_request_reads_its_token_again_and_sees_a_revocation_at_once(
+    token_client, approval, django_assert_num_queries
+):
+    """No cached answer: each request reads the token again (then the run and the
+    wait it is in), and a token deleted from another connection is refused on the
+    very next request."""
+    client = token_client("view_workflowrun")
+    run = start_workflow("approval", payload={"order": "A-1"})
+    client.get(f"{API}runs/{run.id}/")  # records the token's first use
+    for _ in range(2):
+        with django_assert_num_queries(3) as queries:
+            assert client.get(f"{API}runs/{run.id}/").status_code == 200
+        assert "kumiflow_apitoken" in queries.captured_queries[0]["sql"]
+    revoked = threading.Thread(target=_revoke_in_another_connection)
+    revoked.start()
+    revoked.join()
+    assert client.get(f"{API}runs/{run.id}/").status_code == 401
+
+
+def _revoke_in_another_connection() -> None:
+    from django.db import connection
+
+    try:
+        assert ApiToken.objects.all().delete()[0] == 1
+    finally:
+        connection.close()
+
+
+def test_a_token_is_refused_from_the_instant_of_its_expiry(token_client):
+    client = token_client()
+    token = ApiToken.objects.get()
+    token.expires_at = expiry = timezone.now() + timedelta(hours=1)
+    token.save()
+    before, at = expiry - timedelta(microseconds=1), expiry
+    with mock.patch("kumiflow_django.http.tokens.timezone.now", return_value=before):
+        assert client.get(f"{API}runs/").status_code == 200
+    with mock.patch("kumiflow_django.http.tokens.timezone.now", return_value=at):
+        assert client.get(f"{API}runs/").status_code == 401
 
 
 def test_a_token_records_its_last_use_at_most_once_a_minute(token_client):

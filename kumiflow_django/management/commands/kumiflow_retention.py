@@ -15,7 +15,7 @@ from kumiflow_django.flow.limits import purge_idle_keys
 from kumiflow_django.management.loop_command import (
     configure_logging,
     install_signal_handlers,
-    positive_float,
+    non_negative_float,
     positive_int,
 )
 from kumiflow_django.projections.retention import LockLost, Retention
@@ -56,13 +56,17 @@ class Command(BaseCommand):
             help="Write the runs to a new .jsonl.gz file in DIR before deleting them.",
         )
         parser.add_argument(
-            "--batch-size", type=positive_int, default=500, help="Runs per transaction."
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="Runs per transaction (default: KUMIFLOW_RETENTION_BATCH_SIZE, 500).",
         )
         parser.add_argument(
             "--pause",
-            type=positive_float,
+            type=non_negative_float,
             default=None,
-            help="Seconds to sleep between batches, leaving the database to others.",
+            help="Seconds to sleep between batches, leaving the database to others "
+            "(default: KUMIFLOW_RETENTION_PAUSE, 0.05; 0: no pause).",
         )
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
 
@@ -71,7 +75,7 @@ class Command(BaseCommand):
         *args: Any,
         finished_before: datetime,
         archive: Path | None,
-        batch_size: int,
+        batch_size: int | None,
         pause: float | None,
         dry_run: bool,
         verbosity: int = 1,
@@ -79,7 +83,7 @@ class Command(BaseCommand):
     ) -> None:
         configure_logging(verbosity, self.stdout)
         retention = Retention(
-            finished_before, batch_size=batch_size, archive_dir=archive, pause=pause or 0.0
+            finished_before, batch_size=batch_size, archive_dir=archive, pause=pause
         )
         when = f"{finished_before:%Y-%m-%d %H:%M:%S %Z}"
         if dry_run:
