@@ -26,8 +26,6 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from django.db.models import Q
-
 from kumiflow_django.definition.context import WakeReason
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.store import clock, db, telemetry
@@ -40,16 +38,10 @@ if TYPE_CHECKING:
 _SUSPENDED = {RunStatus.WAITING, RunStatus.WAITING_EVENT, RunStatus.RETRY_SCHEDULED}
 
 
-def started_event(run_id: object, tenant: str) -> Q:
-    """Where the run's origin is stored: its ``run-started`` event (a
-    condition a caller may read with another event, in one statement)."""
-    return Q(tenant_id=tenant, stream_id=str(run_id), version=1)
-
-
 def origin(run_id: object, tenant: str) -> dict[str, str] | None:
     """The trace context stored on a run's ``run-started`` event."""
     metadata = (
-        Event.objects.filter(started_event(run_id, tenant))
+        Event.objects.filter(tenant_id=tenant, stream_id=str(run_id), version=1)
         .values_list("metadata", flat=True)
         .first()
     )
@@ -67,8 +59,7 @@ def _context(opening: Opening) -> tuple[telemetry.Carrier | None, list[telemetry
     """(parent, links) of a segment's span; see the module docstring."""
     if opening.new:
         return opening.trace, []
-    # Read with the trigger event where the opening read that (a resume).
-    first = opening.origin if opening.origin_read else origin(opening.run_id, opening.tenant)
+    first = origin(opening.run_id, opening.tenant)
     steps = opening.steps
     if steps is not None and steps.wake.reason == WakeReason.START:
         return first, []  # a deferred start: the run's first segment

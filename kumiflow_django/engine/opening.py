@@ -60,10 +60,6 @@ class Opening:
     workflow_name: str = ""
     #: The trace context the run continues (a new run's origin; telemetry).
     trace: dict[str, str] | None = None
-    #: A resumed run's origin (``observed.origin``), when it was read with the
-    #: trigger event (``origin_read``), so that its span need not read it again.
-    origin: dict[str, str] | None = None
-    origin_read: bool = False
     #: A limited run admitted in this segment (counted as active until written).
     unwritten: Unwritten | None = None
     version: int = field(init=False)

@@ -39,7 +39,7 @@ from kumiflow_django.definition.matching import Cutoff, Wait, awaited_as
 from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine import compensation, deploys, observed
+from kumiflow_django.engine import compensation, deploys
 from kumiflow_django.engine.failure import Failure
 from kumiflow_django.engine.opening import Opening, Prepared, Steps
 from kumiflow_django.engine.pausing import held
@@ -259,40 +259,16 @@ def _definition(run: WorkflowRun) -> Definition | Failure:
     return Definition(decision.workflow, decision.switched(deploys.RunFacts.of(run)))
 
 
-class _Origin:
-    """A run's origin read with its trigger event (``read``: it was)."""
-
-    __slots__ = ("carrier", "read")
-
-    def __init__(self, carrier: dict[str, str] | None = None, read: bool = False) -> None:
-        self.carrier, self.read = carrier, read
-
-
-def _trigger(run: WorkflowRun) -> tuple[Trigger, _Origin]:
-    """The run's trigger; and, when spans are recorded, its origin (the
-    ``run-started`` event's trace context), read in the same statement."""
+def _trigger(run: WorkflowRun) -> Trigger:
     if run.trigger_position is None:
-        trigger = TriggerEvent(
-            type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id
-        )
-        return trigger, _Origin()
-    wanted = Q(position=run.trigger_position, tenant_id=run.tenant_id)
-    tracing = telemetry.tracing()
-    if tracing:
-        wanted |= observed.started_event(run.id, run.tenant_id)
-    event, started = None, None
-    for row in Event.objects.filter(wanted):
-        if row.position == run.trigger_position:
-            event = row
-        else:
-            started = row
+        return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
+    event = Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
     if event is None:
         raise Failure(
             ev.TRIGGER_UNAVAILABLE,
             f"the trigger event at position {run.trigger_position} is no longer in the log",
         )
-    carrier = telemetry.carried(started.metadata) if started is not None else None
-    return event, _Origin(carrier, tracing)
+    return event
 
 
 def _wake(run: WorkflowRun, wake: Wake | None) -> Wake:
@@ -375,7 +351,7 @@ def opening(
         failure = Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}")
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     try:
-        trigger, origin = _trigger(run)
+        trigger = _trigger(run)
         actual = _wake(run, wake)
     except Failure as failure:
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
@@ -393,8 +369,6 @@ def opening(
             first=[(ev.RUN_ADMITTED, admitted)],
             steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
             unwritten=unwritten,
-            origin=origin.carrier,
-            origin_read=origin.read,
         )
     resumed: pl.StepResumed = {"cursor": cursor, "by": actual.reason, "attempt": run.attempt}
     if recovered:
@@ -410,8 +384,6 @@ def opening(
         run,
         first=[*switch, (ev.STEP_RESUMED, resumed)],
         steps=Steps(workflow, trigger, cursor=cursor, state=state, wake=actual),
-        origin=origin.carrier,
-        origin_read=origin.read,
     )
 
 
