@@ -208,24 +208,3 @@ def test_without_notifications_an_earlier_timer_is_found_within_the_poll(registr
     finally:
         loop.stop()
         thread.join(30)
-
-
-@pytest.mark.django_db
-def test_a_run_due_while_a_pass_works_is_taken_in_that_pass(registry, clock):
-    """The pass reads again when its chunks run out: a run that comes due
-    while it resumes another is resumed in the same pass, not after a sleep
-    and the next poll."""
-    define_workflow("early", steps=[s.wait("PT1S"), s.compute("tick", _tick), s.return_("e")])
-    define_workflow("late", steps=[s.wait("PT2S"), s.return_("late")])
-    start_workflow("early")
-    start_workflow("late")
-    clock.advance(seconds=1)  # only the early run is due; its step moves time on
-    assert ResumeLoop().run_once() == 2
-    assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 2
-
-
-def _tick(ctx: object) -> int:
-    from kumiflow_django.store.clock import get_clock
-
-    get_clock().advance(seconds=1)  # type: ignore[attr-defined]
-    return 1

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -132,103 +132,6 @@ def _fair(rows: list[tuple[Any, ...]]) -> list[Due]:
         keyed.append(((-row[4], turns[group] / weights.get(row[5], 1), *row[6:9]), row))
     keyed.sort(key=lambda item: item[0])
     return [Due(*row[:4]) for _, row in keyed]
-
-
-class Chunk(NamedTuple):
-    """Up to :data:`CLAIM_CHUNK` due runs, and the time they were read due at."""
-
-    now: datetime
-    due: list[Due]
-
-
-class _Pass:
-    """The chunks of one pass of the resume loop, read again as they run out.
-
-    ``take`` hands out the next chunk; with none left, it reads the runs due
-    by now (one due query, by one thread at a time) and hands out those the
-    pass has not taken yet. The pass ends when a read finds none (or after
-    ``max_interval``, or at ``stop()``)."""
-
-    def __init__(self, loop: ResumeLoop, only: Q) -> None:
-        self.loop = loop
-        self.only = only
-        self.pending: list[Chunk] = []  # the next chunk last
-        self.seen: set[uuid.UUID] = set()
-        self.ended = False
-        self.until = time.monotonic() + loop.max_interval
-        self.lock = threading.Lock()
-        self.drains: list[Future[int]] = []
-        self.active = 0
-
-    def take(self) -> Chunk | None:
-        with self.lock:
-            if not self.pending:
-                self._read()
-            return self.pending.pop() if self.pending else None
-
-    def refill(self) -> None:
-        """Read the runs due now if no chunk is left."""
-        with self.lock:
-            if not self.pending:
-                self._read()
-
-    def _read(self) -> None:
-        loop = self.loop
-        if self.ended or loop.stopping or (self.seen and time.monotonic() >= self.until):
-            self.ended = True
-            return
-        now = clock.now()
-        due = [
-            d
-            for d in due_runs(now, loop.batch_size, free=True, only=self.only)
-            if d.id not in self.seen
-        ]
-        if not due:
-            self.ended = True
-            return
-        self.seen.update(d.id for d in due)
-        chunks = [Chunk(now, due[i : i + CLAIM_CHUNK]) for i in range(0, len(due), CLAIM_CHUNK)]
-        self.pending = list(reversed(chunks))
-
-    def spread(self, pool: ThreadPoolExecutor) -> int:
-        """Run the pending chunks on ``pool``, as many threads at a time as
-        there are chunks (up to the pool's size); when they are all done,
-        the runs they resumed."""
-        with self.lock:
-            self._grow(pool)
-        resumed, waited = 0, 0
-        while True:
-            with self.lock:
-                futures = self.drains[waited:]
-            if not futures:
-                return resumed
-            resumed += sum(f.result() for f in futures)
-            waited += len(futures)
-
-    def _grow(self, pool: ThreadPoolExecutor) -> None:
-        # Called with the lock held.
-        while self.active < min(self.loop.threads, len(self.pending)):
-            self.active += 1
-            self.drains.append(pool.submit(self._drain, pool))
-
-    def _drain(self, pool: ThreadPoolExecutor) -> int:
-        loop = self.loop
-        loop._fresh_connection()
-        resumed = 0
-        try:
-            while not loop.stopping:
-                with self.lock:
-                    if not self.pending:
-                        self._read()
-                        self._grow(pool)
-                    if not self.pending:
-                        break
-                    chunk = self.pending.pop()
-                resumed += loop._work(chunk, self.only)
-        finally:
-            with self.lock:
-                self.active -= 1
-        return resumed
 
 
 def default_worker_id() -> str:
@@ -351,41 +254,48 @@ class ResumeLoop(Loop):
         return claimed
 
     def run_once(self) -> int:
-        """Claim and resume due runs, in claim order (see :func:`due_runs`),
-        until none is due that this pass has not taken.
+        """Claim and resume one batch of due runs, in claim order (see :func:`due_runs`).
 
         The first chunk is leased and resumed here: only when there are more
         does the pool start (a poll that finds little to do opens no
-        connections); its threads then take the next chunks in order. Runs
-        that come due while the pass works are read as soon as its chunks run
-        out, and taken at once (more threads join if there is more than the
-        running ones have): a run due in the middle of a long pass waits for
-        a free thread, not for the end of the pass. A pass reads for at most
-        ``max_interval`` seconds (the sweeps, and the loop's connection
-        check, run between passes), and takes each run at most once (one
-        released after an error waits for the next pass)."""
+        connections); its threads then take the next chunks in order."""
         self.sweep_stranded()  # what it wakes is due in this pass
         self.sweep_unserved()
+        now = clock.now()
         # Only runs on a definition this process has: a run another process
         # must resume is not claimed here at all (no attempt, no lease).
         only = unserved.claim_filter(takeover=not self.settle_takeovers or self._settled())
-        work = _Pass(self, only)
-        first = work.take()
-        if first is None:
+        due = due_runs(now, self.batch_size, free=True, only=only)
+        chunks = [due[i : i + CLAIM_CHUNK] for i in range(0, len(due), CLAIM_CHUNK)]
+        if not chunks:
             return 0
-        done = self._work(first, only)
-        if self.stopping:
+        done = self._work(chunks[0], now, only)
+        rest = chunks[1:]
+        if not rest or self.stopping:
             return done
         if not self._parallel():
-            while (chunk := work.take()) is not None:
-                done += self._work(chunk, only)
-            return done
-        work.refill()
-        if not work.pending:
-            return done
+            return done + sum(self._work(chunk, now, only) for chunk in rest if not self.stopping)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kumiflow-resume")
-        return done + work.spread(self._pool)
+        queue = list(reversed(rest))
+        lock = threading.Lock()
+
+        def take() -> list[Due] | None:
+            with lock:
+                return queue.pop() if queue else None
+
+        def drain() -> int:
+            self._fresh_connection()
+            resumed = 0
+            while not self.stopping:
+                chunk = take()
+                if chunk is None:
+                    break
+                resumed += self._work(chunk, now, only)
+            return resumed
+
+        drains = [self._pool.submit(drain) for _ in range(min(self.threads, len(rest)))]
+        return done + sum(f.result() for f in drains)
 
     def _fresh_connection(self) -> None:
         """Each pool thread keeps its own connection; drop it if it broke."""
@@ -394,9 +304,9 @@ class ResumeLoop(Loop):
         if broken and not connection.is_usable():
             connection.close()
 
-    def _work(self, chunk: Chunk, only: Q) -> int:
+    def _work(self, chunk: list[Due], now: datetime, only: Q) -> int:
         """Lease a chunk of due runs and resume them one after the other."""
-        return self._resume_claimed(self._lease(chunk.due, chunk.now, only))
+        return self._resume_claimed(self._lease(chunk, now, only))
 
     def _resume_claimed(self, claimed: list[Claimed]) -> int:
         resumed = 0
