@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -844,6 +845,8 @@ def _w13_sql(vendor: str, n: int) -> str:
             value = given[f.column]
             if pg and f.get_internal_type() == "JSONField":
                 value += "::jsonb"
+        elif f.has_default() and callable(f.default) and f.get_internal_type() == "JSONField":
+            value = f"'{json.dumps(f.default())}'" + ("::jsonb" if pg else "")
         elif f.default is NOT_PROVIDED or callable(f.default):
             value = "NULL" if f.null else "''"
         elif isinstance(f.default, bool):

@@ -355,6 +355,7 @@ SIZES = {
     "w10_runs": "BENCH_W10_RUNS",
     "w11_runs": "BENCH_W11_RUNS",
     "w11_baseline_s": "BENCH_W11_BASELINE_S",
+    "w13_runs": "BENCH_W13_RUNS",
 }
 
 
@@ -373,6 +374,7 @@ def main() -> int:
     parser.add_argument("--w10-runs", type=int, help="W10's finished runs (1,000,000)")
     parser.add_argument("--w11-runs", type=int, help="W11's finished runs (1,000,000)")
     parser.add_argument("--w11-baseline-s", type=int, help="W11's W1 without retention (30 s)")
+    parser.add_argument("--w13-runs", type=int, help="W13's runs in bulk (100,000)")
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "WORKLOAD", "DB"))
     args = parser.parse_args()
     if args.child:
