@@ -455,7 +455,15 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     )
     ordering = ["-started_at"]
     show_facets = admin.ShowFacets.NEVER
-    actions = ["cancel_runs", "retry_runs", "wake_runs", "pause_runs", "resume_runs", "fail_runs"]
+    actions = [
+        "cancel_runs",
+        "retry_runs",
+        "wake_runs",
+        "pause_runs",
+        "resume_runs",
+        "fail_runs",
+        "restart_runs",
+    ]
     change_form_template = "admin/kumiflow/workflowrun/change_form.html"
     change_list_template = "admin/kumiflow/workflowrun/change_list.html"
     operations = RUN_OPERATIONS
@@ -785,6 +793,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     @admin.action(description="Fail selected runs", permissions=["fail"])
     def fail_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         return bulk(self, request, queryset, "fail", "fail_runs")
+
+    @admin.action(description="Restart selected runs from a step", permissions=["retry"])
+    def restart_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk_filter.confirm(self, request, queryset, "restart", "restart_runs")
 
     def bulk_by_filter(
         self, request: HttpRequest, queryset: QuerySet[Any], operation_name: str, action: str
