@@ -102,9 +102,11 @@ def test_runs_where_the_step_did_not_run_or_that_refuse_are_skipped_with_why(fai
     assert restarts.refuse_restart(waiting, "2") in reasons
 
 
-def test_the_runs_a_bulk_restart_starts_are_not_restarted_by_it(failed, clock, monkeypatch):
-    """The new runs match the filter (completed runs of ``flaky``); given ids
-    that sort after every old run's, the cursor would reach them."""
+def test_the_runs_a_bulk_restart_starts_are_not_restarted_by_it(registry, clock, monkeypatch):
+    """A restarted ``quick`` run completes at once, so it matches the filter;
+    given ids that sort after every old run's, the cursor would reach them."""
+    define_workflow("quick", steps=[s.compute("a", lambda ctx: 1), s.return_("done")])
+    completed = [start_workflow("quick") for _ in range(3)]
     high = (uuid.UUID(f"ffffffff-ffff-4fff-bfff-{n:012x}") for n in itertools.count(1))
 
     class _Ids:
@@ -112,18 +114,21 @@ def test_the_runs_a_bulk_restart_starts_are_not_restarted_by_it(failed, clock, m
 
         @staticmethod
         def uuid4() -> uuid.UUID:
-            return next(high)
+            new = next(high)
+            assert new.int & 0xFFFF <= 3, "a run the operation started was restarted"
+            return new
 
     monkeypatch.setattr(restarts, "uuid", _Ids)
-    completed = list(WorkflowRun.objects.filter(status=RunStatus.COMPLETED))
+    clock.advance(seconds=1)
     operation = bulk_runs(
-        "restart", filters={"workflow": "flaky", "status": "completed"}, from_step="0", run=False
+        "restart", filters={"workflow": "quick"}, from_step="0", batch_size=1, run=False
     )
     clock.advance(seconds=1)
     done = continue_bulk(operation.id)
     assert (done.total, done.done, done.skipped) == (3, 3, 0)
+    assert WorkflowRun.objects.filter(workflow="quick", status=RunStatus.COMPLETED).count() == 6
     assert Event.objects.filter(type=RESTARTED).count() == 3
-    assert all(_restarts_of(r.pk) == 1 for r in completed)
+    assert [_restarts_of(r.pk) for r in completed] == [1, 1, 1]
 
 
 class _Crash(Exception):
