@@ -93,7 +93,11 @@ def test_a_bulk_restart_from_a_step_of_all_failed_runs(page, live_server, regist
     tries = {"n": 0}
     define_workflow(
         "partner-sync",
-        steps=[s.wait("PT1H"), s.compute("sync", lambda ctx: _refuse_first(tries))],
+        steps=[
+            s.compute("fetch", lambda ctx: "rows"),
+            s.wait("PT1H"),
+            s.compute("sync", lambda ctx: _refuse_first(tries)),
+        ],
     )
     for _ in range(3):
         start_workflow("partner-sync")
@@ -112,6 +116,7 @@ def test_a_bulk_restart_from_a_step_of_all_failed_runs(page, live_server, regist
     page.click("#kf-confirm")
     page.wait_for_selector(".messagelist .success")
     assert "3 of 3 matching runs restarted, 0 skipped" in page.inner_text(".messagelist")
+    clock.advance(hours=2)  # the restarted runs wait at step 1 again
     run_until_idle()
     assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 3
     restarted = Event.objects.filter(type="kumiflow.workflow.run-restarted")
