@@ -409,6 +409,7 @@ SIZES = {
     "w10_runs": "BENCH_W10_RUNS",
     "w11_runs": "BENCH_W11_RUNS",
     "w11_baseline_s": "BENCH_W11_BASELINE_S",
+    "w13_runs": "BENCH_W13_RUNS",
 }
 
 
@@ -432,6 +433,7 @@ def main() -> int:
         action="store_true",
         help="write a cProfile of each workload's child process to build/bench-profiles/",
     )
+    parser.add_argument("--w13-runs", type=int, help="W13's runs in bulk (100,000)")
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "WORKLOAD", "DB"))
     args = parser.parse_args()
     if args.child:

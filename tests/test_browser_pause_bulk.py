@@ -80,3 +80,44 @@ def test_a_bulk_cancel_of_all_runs_matching_a_filter(page, live_server, registry
     assert {(e.created_by, e.payload["reason"]) for e in cancelled} == {
         ("ops", "the reminder campaign was sent by mistake")
     }
+
+
+def _refuse_first(tries: dict[str, int]) -> str:
+    tries["n"] += 1
+    if tries["n"] <= 3:
+        raise RuntimeError("the partner API is down")
+    return "sent"
+
+
+def test_a_bulk_restart_from_a_step_of_all_failed_runs(page, live_server, registry, clock):  # noqa: F811
+    tries = {"n": 0}
+    define_workflow(
+        "partner-sync",
+        steps=[
+            s.compute("fetch", lambda ctx: "rows"),
+            s.wait("PT1H"),
+            s.compute("sync", lambda ctx: _refuse_first(tries)),
+        ],
+    )
+    for _ in range(3):
+        start_workflow("partner-sync")
+    clock.advance(hours=2)
+    run_until_idle()
+    assert set(WorkflowRun.objects.values_list("status", flat=True)) == {RunStatus.FAILED}
+    page.goto(f"{live_server.url}/admin/kumiflow/workflowrun/?status__exact=failed")
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "restart_runs")
+    page.click("button[name=index]")
+    page.wait_for_selector("#kf-bulk-count")
+    assert "3 runs match the selection" in page.inner_text("#kf-bulk-count")
+    page.fill("#id_from_step", "1")
+    page.fill("#id_reason", "the partner API is back")
+    screenshot(page, "bulk-restart.png")
+    page.click("#kf-confirm")
+    page.wait_for_selector(".messagelist .success")
+    assert "3 of 3 matching runs restarted, 0 skipped" in page.inner_text(".messagelist")
+    clock.advance(hours=2)  # the restarted runs wait at step 1 again
+    run_until_idle()
+    assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == 3
+    restarted = Event.objects.filter(type="kumiflow.workflow.run-restarted")
+    assert {(e.created_by, e.payload["from_step"]) for e in restarted} == {("ops", "1")}

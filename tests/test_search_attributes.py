@@ -286,3 +286,39 @@ def test_an_attribute_name_is_lower_case(registry):
     # Names that differ only in case would be one name to MariaDB's index.
     with pytest.raises(WorkflowDefinitionError, match="lower-case"):
         define_workflow("attr-case", attributes={"Customer": "a"}, steps=[s.return_(1)])
+
+
+def test_the_attribute_filtered_list_counts_top_level_runs_from_the_index(
+    registry, clock, admin_client
+):
+    """Child runs carry the attribute too, but the list hides them: their index
+    rows say so (``top``), and the count reads the index, not the run rows."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.urls import reverse
+
+    from kumiflow_django.testing import run_until_idle
+
+    define_workflow(
+        "attr-leaf", attributes={"customer": "C-9"}, steps=[s.wait("P1D"), s.return_(1)]
+    )
+    define_workflow(
+        "attr-top",
+        attributes={"customer": "C-9"},
+        steps=[s.child("leaf", "attr-leaf"), s.return_(2)],
+    )
+    for _ in range(2):
+        start_workflow("attr-top")
+    run_until_idle()
+    assert WorkflowRun.objects.filter(parent_id__isnull=False).count() == 2
+    assert sorted(RunAttribute.objects.values_list("top", flat=True)) == [False, False, True, True]
+    url = reverse("admin:kumiflow_workflowrun_changelist") + "?attr=customer:C-9"
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(url)
+    assert page.status_code == 200
+    assert page.context["cl"].result_count == 2
+    assert {r.workflow for r in page.context["cl"].result_list} == {"attr-top"}
+    counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert counts and not any("kumiflow_workflowrun" in sql for sql in counts), counts
+    shown = admin_client.get(url + "&children=yes").context["cl"]
+    assert shown.result_count == 4

@@ -62,7 +62,9 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        rows: Any = self.object_list
+        rows: Any = getattr(self.object_list, "count_rows", None)
+        if rows is None:
+            rows = self.object_list
         # Without the list's ordering: how many of CAP + 1 rows exist does not
         # depend on their order, and an ordered LIMIT makes the planner walk
         # the ordering's index, probing each row against the filters (a run

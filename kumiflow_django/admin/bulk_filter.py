@@ -8,20 +8,27 @@ the first few seconds in the request, the rest by the worker's bulk loop
 (or ``manage.py kumiflow_bulk --continue``). Each run goes through the same
 public function as one run, and a run the action refuses is skipped with
 its reason.
+
+Restart from a step is a bulk action only (its run page has its own
+pre-flight, :mod:`.restart`): the page asks for the step path (each run's
+own step at it) and the definition, for the runs selected on a page or for
+all matching.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from kumiflow_django.admin.confirm import ReasonForm, operator
+from kumiflow_django.admin.confirm import Operation, ReasonForm, operator
 from kumiflow_django.engine import bulk
+from kumiflow_django.engine import restart as restarts
 from kumiflow_django.store.errors import KumiflowError
 
 if TYPE_CHECKING:
@@ -39,6 +46,58 @@ LIST_FILTERS = {
 _IGNORED = {"o", "p", "_changelist_filters", "_to_field", "_popup", "e"}
 #: Seconds of the operation done in the request; the worker does the rest.
 IN_REQUEST = 5.0
+
+
+def _explain_restart(run: Any) -> list[str]:
+    return [
+        "Each run restarts as a new run, from its own step at that path, keeping the "
+        "results of the steps before it (restart_run); the old run stays as it ended.",
+        "A run where that step did not run, or that a restart refuses (still running, "
+        "compensated, its definition gone), is skipped with the reason.",
+        "The steps from it on run again, with their side effects: open a run's Restart "
+        "page to see which mails, webhooks, tasks and child runs repeat.",
+    ]
+
+
+#: The actions of the bulk pages only (not offered on a run's page).
+BULK_ONLY = {
+    "restart": Operation(
+        name="restart",
+        label="Restart from a step",
+        permission="retry_workflowrun",
+        done="restarted",
+        refuse=restarts.refuse_restart,
+        explain=_explain_restart,
+        # One run from its start (the bulk pages call bulk_runs with the step path).
+        perform=lambda run, by, reason: restarts.restart_run(run.id, by=by, reason=reason),
+        danger=True,
+    ),
+}
+
+
+class RestartForm(ReasonForm):
+    """The reason, and the step path and definition of a bulk restart."""
+
+    from_step = forms.CharField(
+        label="Restart from step",
+        max_length=restarts.MAX_PATH_LENGTH,
+        initial="0",
+        help_text="The step's path as the run's trail names it (2, 2.then.0); 0 starts each "
+        "run again with the same input.",
+    )
+    definition = forms.ChoiceField(
+        label="Definition",
+        choices=[("run", "each run's own"), ("current", "the current one")],
+        initial="run",
+    )
+
+    def clean_from_step(self) -> str:
+        text = str(self.cleaned_data["from_step"]).strip()
+        try:
+            restarts.parse_path(text)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return text
 
 
 def filters_of(request: HttpRequest) -> tuple[dict[str, Any], list[str]]:
@@ -68,8 +127,13 @@ def confirm(
     action: str,
 ) -> TemplateResponse | None:
     """The pre-flight page (GET of the action), then the bulk operation (confirmed)."""
-    operation = model_admin.operations[operation_name]
-    filters, unsupported = filters_of(request)
+    operation = BULK_ONLY.get(operation_name) or model_admin.operations[operation_name]
+    across = operation_name not in BULK_ONLY or request.POST.get("select_across") == "1"
+    selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+    if across:
+        filters, unsupported = filters_of(request)
+    else:  # the runs selected on the page
+        filters, unsupported = {"ids": [str(pk) for pk in selected]}, []
     if operation_name not in bulk.ACTIONS:
         model_admin.message_user(
             request,
@@ -77,8 +141,10 @@ def confirm(
             messages.ERROR,
         )
         return None
-    form = ReasonForm(request.POST if request.POST.get("confirm") == "yes" else None)
+    kind = RestartForm if operation_name in bulk.STEP_ACTIONS else ReasonForm
+    form = kind(request.POST if request.POST.get("confirm") == "yes" else None)
     if not unsupported and request.POST.get("confirm") == "yes" and form.is_valid():
+        step = {k: form.cleaned_data[k] for k in ("from_step", "definition") if k in form.fields}
         try:
             recorded = bulk.bulk_runs(
                 operation_name,
@@ -86,6 +152,7 @@ def confirm(
                 reason=form.cleaned_data["reason"],
                 by=operator(request),
                 run=False,
+                **step,
             )
             done = bulk.continue_bulk(recorded.id, budget=IN_REQUEST)
         except KumiflowError as exc:
@@ -101,7 +168,9 @@ def confirm(
         "title": f"{operation.label}: every matching run",
         "operation": operation,
         "action": action,
-        "count": bulk.preflight(operation_name, filters) if not unsupported else None,
+        "count": matching_count(filters) if not unsupported else None,
+        "across": across,
+        "selected": selected if not across else [],
         "listed": queryset.count(),
         "filters": sorted((k, v) for k, v in filters.items()),
         "unsupported": unsupported,
@@ -110,6 +179,11 @@ def confirm(
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
     }
     return TemplateResponse(request, "kumiflow/confirm_bulk_filter.html", context)
+
+
+def matching_count(filters: dict[str, Any]) -> int:
+    """The pre-flight count of the runs ``filters`` match."""
+    return bulk.matching(bulk.check_filters(filters)).count()
 
 
 def summary(operation: bulk.BulkOperation, verb: str) -> str:

@@ -19,7 +19,15 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from kumiflow_django.admin import bulk_filter, inbox, overview, restart, run_page, send_event
+from kumiflow_django.admin import (
+    attributes,
+    bulk_filter,
+    inbox,
+    overview,
+    restart,
+    run_page,
+    send_event,
+)
 from kumiflow_django.admin.attributes import AttributeFilter
 from kumiflow_django.admin.attributes import links as attribute_links
 from kumiflow_django.admin.base import (
@@ -332,11 +340,10 @@ class ChildRunsFilter(admin.SimpleListFilter):
         }
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        shown = self.value() == "yes" or any(
-            request.GET.get(name, "").strip() for name in (ParentFilter.parameter_name, "q")
-        )
-        if shown:
+        if attributes.children_shown(request):
             return queryset
+        if attributes.wanted(request) is not None:
+            return queryset  # the attribute filter keeps the top-level runs, from its index
         return queryset.filter(parent_id__isnull=True)
 
 
@@ -352,6 +359,14 @@ def awaited_type(run: WorkflowRun) -> str:
 
 class RunChangeList(CheckedChangeList):
     """The run list, with each row's business key read in one query per page."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, exclude_parameters)
+        # Filtered by an attribute alone: counted from the attribute index.
+        rows = attributes.count_rows(request, self.get_filters_params(), bool(self.query))
+        if rows is not None and not queryset.query.is_empty():
+            queryset.count_rows = rows  # type: ignore[attr-defined]
+        return queryset
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
@@ -440,7 +455,15 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     )
     ordering = ["-started_at"]
     show_facets = admin.ShowFacets.NEVER
-    actions = ["cancel_runs", "retry_runs", "wake_runs", "pause_runs", "resume_runs", "fail_runs"]
+    actions = [
+        "cancel_runs",
+        "retry_runs",
+        "wake_runs",
+        "pause_runs",
+        "resume_runs",
+        "fail_runs",
+        "restart_runs",
+    ]
     change_form_template = "admin/kumiflow/workflowrun/change_form.html"
     change_list_template = "admin/kumiflow/workflowrun/change_list.html"
     operations = RUN_OPERATIONS
@@ -770,6 +793,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     @admin.action(description="Fail selected runs", permissions=["fail"])
     def fail_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         return bulk(self, request, queryset, "fail", "fail_runs")
+
+    @admin.action(description="Restart selected runs from a step", permissions=["retry"])
+    def restart_runs(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        return bulk_filter.confirm(self, request, queryset, "restart", "restart_runs")
 
     def bulk_by_filter(
         self, request: HttpRequest, queryset: QuerySet[Any], operation_name: str, action: str

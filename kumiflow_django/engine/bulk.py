@@ -20,6 +20,12 @@ skipped, under that reason, not as an error; a run that loses a lock
 conflict is tried again, and counted as an error only if it keeps losing.
 
 An action is one entry of :data:`ACTIONS`: ``{name: (refuse, operation)}``.
+Restart takes a step path (``from_step``, each run's own step at that path)
+and a definition, kept on the operation and passed to ``refuse_restart`` and
+``restart_run``. A restart leaves the old run as it was and starts a new one,
+so it takes only the runs started before the operation was recorded: the
+new runs it starts (which may match the filter, and whose ids are random)
+are never restarted again by the same operation.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.definition.durations import parse_instant
 from kumiflow_django.engine import operations as ops
+from kumiflow_django.engine import restart as restarts
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
 from kumiflow_django.store import clock, db, limits
 from kumiflow_django.store.audit import check_operator
@@ -51,22 +58,35 @@ from kumiflow_django.store.telemetry import get_logger
 
 logger = get_logger("kumiflow_django.engine.bulk")
 
-Refuse = Callable[[WorkflowRun], str | None]
+Refuse = Callable[..., str | None]
 Operation = Callable[..., WorkflowRun]
 
 #: Every bulk action: the ``refuse_*`` function that says whether it applies
 #: to a run, and the public operation that does it (called with ``run_id``,
-#: ``reason``, ``by`` and ``tenant``). Restart from a step is one line more.
+#: ``reason``, ``by`` and ``tenant``; restart with ``from_step`` and
+#: ``definition`` too, passed to its refuse function as well).
 ACTIONS: dict[str, tuple[Refuse, Operation]] = {
     "cancel": (ops.refuse_cancel, ops.cancel_run),
     "retry": (ops.refuse_retry, ops.retry_run),
     "resume": (ops.refuse_resume, ops.resume_run),
     "pause": (ops.refuse_pause, ops.pause_run),
     "fail": (ops.refuse_fail, ops.fail_run),
+    "restart": (restarts.refuse_restart, restarts.restart_run),
 }
+#: The actions that take a step path (``from_step``) and a definition.
+STEP_ACTIONS = frozenset({"restart"})
 
-#: The columns the refuse functions read (a batch loads only these).
-_REFUSE_COLUMNS = ("id", "tenant_id", "workflow", "status", "paused", "compensation", "cursor")
+#: The columns the refuse functions read (a batch loads only these); a
+#: restart's plan reads the whole row (its definition, key, trigger, parent).
+_REFUSE_COLUMNS: tuple[str, ...] = (
+    "id",
+    "tenant_id",
+    "workflow",
+    "status",
+    "paused",
+    "compensation",
+    "cursor",
+)
 
 #: The filters a bulk operation takes (the run list's, in the admin and the API).
 FILTERS = (
@@ -105,6 +125,11 @@ class BulkOperation(models.Model):
         _("status"), max_length=10, choices=BulkStatus.choices, default=BulkStatus.RUNNING
     )
     batch_size = models.PositiveIntegerField(_("batch size"), default=DEFAULT_BATCH)
+    #: A restart's step path (each run's own step at it), and its definition.
+    from_step = models.CharField(
+        _("from step"), max_length=restarts.MAX_PATH_LENGTH, blank=True, default=""
+    )
+    definition = models.CharField(_("definition"), max_length=10, blank=True, default="")
     #: The last run id done (runs are taken in primary-key order after it).
     cursor = models.UUIDField(_("cursor"), null=True, blank=True)
     #: The matching runs when it was recorded (the pre-flight count).
@@ -203,10 +228,44 @@ def matching(filters: Mapping[str, Any]) -> QuerySet[WorkflowRun, WorkflowRun]:
     return WorkflowRun.objects.filter(q)
 
 
-def preflight(action: str, filters: Mapping[str, Any]) -> int:
+def preflight(
+    action: str,
+    filters: Mapping[str, Any],
+    *,
+    from_step: str | None = None,
+    definition: str = "run",
+) -> int:
     """How many runs match (the pre-flight count; the action may skip some)."""
     _action(action)
+    check_options(action, from_step, definition)
     return matching(check_filters(filters)).count()
+
+
+def check_options(action: str, from_step: str | None, definition: str) -> dict[str, str]:
+    """The step action's options as its functions take them (``{}`` for the
+    others); InvalidEvent for a missing or malformed step path, or a step path
+    given to an action that takes none."""
+    if action not in STEP_ACTIONS:
+        if from_step not in (None, ""):
+            raise InvalidEvent(f"the bulk action {action!r} takes no from_step")
+        return {}
+    if not isinstance(from_step, str) or not from_step:
+        raise InvalidEvent(f"the bulk action {action!r} needs from_step (a step path: '2')")
+    if len(from_step) > restarts.MAX_PATH_LENGTH:
+        raise InvalidEvent(f"from_step is at most {restarts.MAX_PATH_LENGTH} characters")
+    try:
+        restarts.parse_path(from_step)
+    except ValueError as exc:
+        raise InvalidEvent(f"from_step: {exc}") from None
+    if definition not in restarts.DEFINITIONS:
+        raise InvalidEvent(f"definition must be 'run' or 'current', not {definition!r}")
+    return {"from_step": from_step, "definition": definition}
+
+
+def _options(operation: BulkOperation) -> dict[str, str]:
+    if operation.action not in STEP_ACTIONS:
+        return {}
+    return {"from_step": operation.from_step, "definition": operation.definition or "run"}
 
 
 def _action(action: str) -> tuple[Refuse, Operation]:
@@ -227,15 +286,22 @@ def bulk_runs(
     by: str = "",
     batch_size: int = DEFAULT_BATCH,
     run: bool = True,
+    from_step: str | None = None,
+    definition: str = "run",
 ) -> BulkOperation:
     """Do ``action`` (a key of :data:`ACTIONS`: cancel, retry, resume, pause,
-    fail) on every run that matches ``filters`` (:data:`FILTERS`), in batches.
+    fail, restart) on every run that matches ``filters`` (:data:`FILTERS`),
+    in batches. ``restart`` needs ``from_step`` (a step path, as
+    :func:`~kumiflow_django.restart_run` takes it) and may take
+    ``definition="current"``; a run it does not apply to is skipped with the
+    refusal of ``refuse_restart``.
 
     Returns the operation with its counts (done, skipped with reasons,
     errors). ``run=False`` only records it, for :func:`continue_bulk` to do
     (the worker, the ``kumiflow_bulk`` command).
     """
     _action(action)
+    options = check_options(action, from_step, definition)
     by, reason = check_operator(by, reason)
     clean = check_filters(filters)
     if not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
@@ -247,6 +313,7 @@ def bulk_runs(
         reason=reason,
         by=by,
         batch_size=batch_size,
+        **options,
         total=matching(clean).count(),
         created_at=now,
         updated_at=now,
@@ -300,9 +367,13 @@ def _batch(operation_id: uuid.UUID, lease_seconds: float) -> tuple[BulkOperation
         if operation.status == BulkStatus.DONE:
             return operation, False
         runs = matching(operation.filters)
+        if operation.action in STEP_ACTIONS:  # never the runs its restarts started
+            runs = runs.filter(started_at__lte=operation.created_at)
+        else:
+            runs = runs.only(*_REFUSE_COLUMNS)
         if operation.cursor is not None:
             runs = runs.filter(pk__gt=operation.cursor)
-        batch = list(runs.order_by("pk").only(*_REFUSE_COLUMNS)[: operation.batch_size])
+        batch = list(runs.order_by("pk")[: operation.batch_size])
         now = clock.now()
         if not batch:
             _finish(operation, now)
@@ -310,8 +381,9 @@ def _batch(operation_id: uuid.UUID, lease_seconds: float) -> tuple[BulkOperation
         operation.lease_until = now + timedelta(seconds=lease_seconds)
         operation.save(update_fields=["lease_until"])
     refuse, operate = ACTIONS[operation.action]
+    options = _options(operation)
     for run in batch:
-        operation = _run_one(operation_id, run, refuse, operate)
+        operation = _run_one(operation_id, run, refuse, operate, options)
     if len(batch) < operation.batch_size and operation.status != BulkStatus.DONE:
         with db.atomic():  # nothing after it: done
             operation = for_update(BulkOperation.objects.filter(pk=operation_id)).get()
@@ -322,7 +394,11 @@ def _batch(operation_id: uuid.UUID, lease_seconds: float) -> tuple[BulkOperation
 
 
 def _run_one(
-    operation_id: uuid.UUID, run: WorkflowRun, refuse: Refuse, operate: Operation
+    operation_id: uuid.UUID,
+    run: WorkflowRun,
+    refuse: Refuse,
+    operate: Operation,
+    options: Mapping[str, str],
 ) -> BulkOperation:
     """The action on one run and the operation's progress, committed together
     (so an interruption never does a run twice nor loses one). A lost lock
@@ -334,7 +410,14 @@ def _run_one(
                 operation = for_update(BulkOperation.objects.filter(pk=operation_id)).get()
                 if not _after(operation.cursor, run.pk):
                     return operation  # another process did it meanwhile
-                _one(operation, run, refuse, operate, last_try=attempt == CONFLICT_ATTEMPTS)
+                _one(
+                    operation,
+                    run,
+                    refuse,
+                    operate,
+                    options,
+                    last_try=attempt == CONFLICT_ATTEMPTS,
+                )
                 _progress(operation, run.pk, clock.now())
                 return operation
         except OperationConflict:
@@ -379,17 +462,24 @@ def _one(
     run: WorkflowRun,
     refuse: Refuse,
     operate: Operation,
+    options: Mapping[str, str],
     *,
     last_try: bool,
 ) -> None:
     """Do the action on one run (in a savepoint): done, skipped or an error. A
     lost lock conflict undoes the run's transaction (tried again), but on the
     last try, where it is counted as an error."""
-    refusal = refuse(run)
+    refusal = refuse(run, **options)
     if refusal is None:
         try:
             with db.atomic():
-                operate(run.pk, reason=operation.reason, by=operation.by, tenant=run.tenant_id)
+                operate(
+                    run.pk,
+                    reason=operation.reason,
+                    by=operation.by,
+                    tenant=run.tenant_id,
+                    **options,
+                )
         except InvalidRunState as exc:  # it moved on since the batch was read
             refusal = str(exc).split(": ", 1)[-1]
         except OperationConflict:

@@ -437,9 +437,21 @@ BULK_RUNS: dict[str, Any] = {
     "properties": {
         "action": {
             "type": "string",
-            "enum": ["cancel", "retry", "resume", "pause", "fail"],
+            "enum": ["cancel", "retry", "resume", "pause", "fail", "restart"],
             "description": "What is done to each matching run (through the same function "
             "as one run's operation).",
+        },
+        "from_step": {
+            "type": "string",
+            "maxLength": 200,
+            "description": "Restart only (and required for it): the step path each run "
+            "restarts from (`2`, `2.then.0`; `0` starts each again). A run where that step "
+            "did not run, or that restart refuses, is skipped with the reason.",
+        },
+        "definition": {
+            "type": "string",
+            "enum": ["run", "current"],
+            "description": "Restart only: each run's own definition (default) or the current one.",
         },
         "filters": {
             "type": "object",
@@ -470,6 +482,7 @@ BULK_OPERATION: dict[str, Any] = {
         "status": {"type": "string", "enum": ["dry_run", "running", "done"]},
         "filters": {"type": "object"},
         "matching": {"type": "integer", "description": "Runs matching when it was recorded."},
+        "from_step": {"type": "string", "description": "A restart's step path (else empty)."},
         "done": {"type": "integer"},
         "skipped": {"type": "integer"},
         "errors": {"type": "integer"},

@@ -158,6 +158,7 @@ def bulk_operation(operation: Any) -> dict[str, Any]:
         "status": operation.status,
         "filters": operation.filters,
         "matching": operation.total,
+        "from_step": operation.from_step,
         "done": operation.done,
         "skipped": operation.skipped,
         "errors": operation.errors,

@@ -285,6 +285,7 @@ PERMISSIONS = {
     "pause": tokens.PAUSE,
     "resume": tokens.PAUSE,
     "fail": tokens.FAIL,
+    "restart": tokens.RETRY,
 }
 #: The operations that take only the reason.
 SIMPLE: dict[str, Callable[..., WorkflowRun]] = {
@@ -305,8 +306,9 @@ def bulk(principal: Principal, body: dict[str, Any]) -> tuple[int, dict[str, Any
     filters["tenants"] = list(principal.tenants)
     try:
         by, reason = operator(principal), check_operator("", body.get("reason", ""))[1]
+        step = {"from_step": body.get("from_step"), "definition": body.get("definition", "run")}
         if body.get("dry_run"):
-            count = bulk_ops.preflight(action, filters)
+            count = bulk_ops.preflight(action, filters, **step)
             return 200, {
                 "id": None,
                 "action": action,
@@ -321,6 +323,7 @@ def bulk(principal: Principal, body: dict[str, Any]) -> tuple[int, dict[str, Any
             by=by,
             batch_size=body.get("batch_size", bulk_ops.DEFAULT_BATCH),
             run=False,
+            **step,
         )
     except KumiflowError as exc:
         raise from_kumiflow(exc) from exc

@@ -3,7 +3,7 @@
 A run's attributes are folded into its row (``WorkflowRun.attributes``, from
 ``run-started`` and ``attributes-set``); this table indexes them so that
 "the runs of customer C-17, newest first" is one range of one B-tree index
-``(name, value, started_at)`` on every database alike, whatever the number
+``(name, value, top, started_at, run_id)`` on every database alike, whatever the number
 of runs (a JSON expression index would differ per vendor, and MariaDB has
 none). The rows are derived from the run row, never from anything else:
 written in the same transaction as every write of the run stream
@@ -40,6 +40,10 @@ class RunAttribute(models.Model):
     #: The run's start (it never changes): a filtered list, newest first, is
     #: read in index order, a page at a time.
     started_at = models.DateTimeField(_("run started at"))
+    #: Whether the run has no parent (it never changes): the run list hides
+    #: child runs, and counts a filtered list's runs from this index alone,
+    #: without reading a run row (see :func:`matching`).
+    top = models.BooleanField(_("top-level run"), default=True)
 
     objects: ClassVar[EngineManager[RunAttribute]] = EngineManager()  # type: ignore[assignment]
 
@@ -50,7 +54,12 @@ class RunAttribute(models.Model):
             models.UniqueConstraint(fields=["run_id", "name"], name="kumiflow_attr_run_name_uq"),
         ]
         indexes = [
-            models.Index(fields=["name", "value", "-started_at"], name="kumiflow_attr_lookup_idx"),
+            # run_id last: the top-level runs of a value are counted, and their
+            # ids read, from the index alone.
+            models.Index(
+                fields=["name", "value", "top", "-started_at", "run_id"],
+                name="kumiflow_attr_top_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -66,6 +75,7 @@ def _rows(run: Any) -> list[RunAttribute]:
             name=name,
             value=as_text(value),
             started_at=run.started_at,
+            top=run.parent_id is None,
         )
         for name, value in sorted((run.attributes or {}).items())
     ]
@@ -110,10 +120,16 @@ def forget(run_ids: Iterable[uuid.UUID]) -> int:
     return RunAttribute.objects.filter(run_id__in=list(run_ids)).delete()[0]
 
 
-def matching(name: str, value: str | int | bool) -> models.QuerySet[RunAttribute, Any]:
-    """The ids of the runs whose attribute ``name`` has ``value`` (a subquery)."""
+def matching(
+    name: str, value: str | int | bool, *, top_only: bool = False
+) -> models.QuerySet[RunAttribute, Any]:
+    """The ids of the runs whose attribute ``name`` has ``value`` (a subquery;
+    ``top_only``: of the runs without a parent only). A run has one row per
+    attribute name, so counting these rows counts the runs."""
     text = value if isinstance(value, str) else as_text(value)
     qs = RunAttribute.objects.filter(name=name, value=text)
+    if top_only:
+        qs = qs.filter(top=True)
     if not db.text_equality_is_exact():
         # The index range finds the candidates its collation deems equal;
         # the byte comparison keeps the exact ones ("abc" is not "ABC").

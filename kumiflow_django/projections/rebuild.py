@@ -92,7 +92,9 @@ def _rebuild_attributes() -> int:
     batch: list[runs.WorkflowRun] = []
     # Every row is read (a JSON "is empty" filter differs per vendor): only
     # the columns the index needs.
-    rows = runs.WorkflowRun.objects.only("id", "tenant_id", "workflow", "attributes", "started_at")
+    rows = runs.WorkflowRun.objects.only(
+        "id", "tenant_id", "workflow", "attributes", "started_at", "parent_id"
+    )
     for run in rows.iterator(chunk_size=2000):
         if not run.attributes:
             continue

@@ -23,7 +23,8 @@ def _filter(text: str) -> tuple[str, Any]:
 
 class Command(BaseCommand):
     help = (
-        "Cancel, retry, resume, pause or fail every run that matches a filter, in batches "
+        "Cancel, retry, resume, pause, fail or restart (--from-step) every run that matches "
+        "a filter, in batches "
         "(each run's event carries --by and --reason); or continue recorded operations "
         "(--continue), from their cursor."
     )
@@ -36,6 +37,15 @@ class Command(BaseCommand):
             default=[],
             metavar="NAME=VALUE",
             help=f"A run filter, repeatable: {', '.join(bulk.FILTERS)} (status=a,b for several).",
+        )
+        parser.add_argument(
+            "--from-step", default=None, help="restart: the step path each run restarts from."
+        )
+        parser.add_argument(
+            "--definition",
+            default="run",
+            choices=["run", "current"],
+            help="restart: each run's own definition (default) or the current one.",
         )
         parser.add_argument("--reason", default="", help="Why (stored on every run's event).")
         parser.add_argument("--by", default="", help="Who (stored on every run's event).")
@@ -59,8 +69,9 @@ class Command(BaseCommand):
             if action is None:
                 raise CommandError("name an action, or --continue")
             filters = dict(_filter(f) for f in options["filter"])
+            step = {"from_step": options["from_step"], "definition": options["definition"]}
             if options["dry_run"]:
-                count = bulk.preflight(action, filters)
+                count = bulk.preflight(action, filters, **step)
                 self.stdout.write(f"{count} runs match; {action} would be tried on each")
                 return
             operation = bulk.bulk_runs(
@@ -69,6 +80,7 @@ class Command(BaseCommand):
                 reason=options["reason"],
                 by=options["by"],
                 batch_size=options["batch_size"],
+                **step,
             )
         except KumiflowError as exc:
             raise CommandError(str(exc)) from exc
