@@ -5,7 +5,7 @@ environment the bench sets (nothing is installed otherwise):
   engine function that opened it (the first frame in ``kumiflow_django``
   outside ``store/db.py``), written to ``path`` as JSON when the process exits:
   which code a long transaction belongs to, with its p50, p99 and max.
-- ``BENCH_PROFILE=path``: a cProfile of the whole process (every thread),
+- ``BENCH_PROCESS_PROFILE=path``: a cProfile of the whole process (every thread),
   written to ``path`` (pstats) when it exits: where a worker spends its CPU.
 """
 
@@ -28,7 +28,7 @@ def install() -> None:
     trace = os.environ.get("BENCH_TX_TRACE")
     if trace:
         _trace_transactions(Path(trace))
-    profile = os.environ.get("BENCH_PROFILE")
+    profile = os.environ.get("BENCH_PROCESS_PROFILE")
     if profile:
         _profile(Path(profile))
 
