@@ -112,7 +112,9 @@ def _drain(url: str, name: str, processes: int, n: int) -> dict[str, Any]:
             "-v",
             "1",
             log=log,
-            env={"BENCH_PROCESS_PROFILE": f"{profiles}/w9-{processes}p-{i}.prof"} if profiles else None,
+            env={"BENCH_PROCESS_PROFILE": f"{profiles}/w9-{processes}p-{i}.prof"}
+            if profiles
+            else None,
         )
         for i, log in enumerate(logs)
     ]
