@@ -141,3 +141,39 @@ def test_two_processes_continuing_one_bulk_operation_do_each_run_once(registry, 
     assert (done.status, done.done, done.skipped, done.errors) == ("done", 30, 0, 0)
     assert Event.objects.filter(type="kumiflow.workflow.run-cancelled").count() == 30
     connections.close_all()
+
+
+def test_a_workflow_paused_between_the_wake_look_up_and_the_runs_lock_holds_the_wake(
+    registry, monkeypatch
+):
+    """The appender's wake-up reads the waiting runs, then locks them: a pause
+    of their workflow that commits in between is obeyed under the run's lock
+    (pause_workflow has returned; no segment of the run may start after it)."""
+    from kumiflow_django import append_event
+    from kumiflow_django.engine import resuming
+
+    define_workflow("pinged", steps=[s.wait_for_event("ping"), s.return_("woken")])
+    run = start_workflow("pinged")
+    assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.WAITING_EVENT
+    read, go = _handshake()
+    real = resuming._found
+
+    def found_then_wait(qs):
+        found = real(qs)
+        if found:
+            read.set()
+            assert go.wait(30), "the test never let the appender go"
+        return found
+
+    monkeypatch.setattr(resuming, "_found", found_then_wait)
+    appender, errors = in_thread(lambda: append_event("pings", "ping", {}))
+    assert read.wait(30)
+    pause_workflow("pinged", reason="race")
+    go.set()
+    appender.join(30)
+    assert not errors, errors
+    row = WorkflowRun.objects.get(pk=run.pk)
+    assert row.status == RunStatus.WAITING_EVENT
+    assert "step.resumed" not in types(row)
+    assert "event-matched" in types(row)  # recorded, taken when it is resumed
+    connections.close_all()

@@ -24,13 +24,13 @@ from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
 
 
-def held(run: WorkflowRun, scope: bool | None = None) -> bool:
-    """Whether no segment of ``run`` may run now (it, its workflow or its tenant
-    is paused). ``scope``: whether its scope is paused, read by the caller in
-    the statement that found the run (the wake-up's look-up); else read here."""
-    if run.paused:
-        return True
-    return scope if scope is not None else scope_paused(run.workflow, run.tenant_id) is not None
+def held(run: WorkflowRun) -> bool:
+    """Whether no segment of ``run`` may run now (it, its workflow or its tenant is paused).
+
+    Asked under the run's lock, in a statement of its own: a scope's pause
+    locks no run, so only a read after the lock sees a pause that committed
+    while the caller waited for it (or since it found the run)."""
+    return run.paused or scope_paused(run.workflow, run.tenant_id) is not None
 
 
 def exhausted_pause(

@@ -48,7 +48,6 @@ from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow import admission
 from kumiflow_django.flow.admission import Item, Unwritten
 from kumiflow_django.projections import lock_order
-from kumiflow_django.projections.pauses import scope_held
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import ROOT, RunWait, waits_events
@@ -452,31 +451,21 @@ class _Found:
     """A waiting run as the wake-up's look-up read it: where it is in the lock
     order, its version then, and its waits for the event."""
 
-    def __init__(
-        self,
-        depth: int,
-        parent: uuid.UUID | None,
-        parent_waits: bool,
-        version: int,
-        scope_held: bool,
-    ):
+    def __init__(self, depth: int, parent: uuid.UUID | None, parent_waits: bool, version: int):
         self.order = lock_order.Placed(depth, parent, parent_waits)
         self.version = version
-        #: Whether the run's workflow or tenant is paused (``pausing.held``).
-        self.scope_held = scope_held
         self.waits: list[tuple[str, Any, int, Any]] = []
 
 
 def _found(qs: QuerySet[RunWait, RunWait]) -> dict[uuid.UUID, _Found]:
     """The look-up's one statement: the waits, with what the lock order needs
-    of their runs, their versions, and whether their scope is paused."""
+    of their runs and their versions."""
     found: dict[uuid.UUID, _Found] = {}
-    columns = ("run__depth", "run__parent_id", "run__parent_waits", "run__version", "scope_held")
-    qs = qs.annotate(scope_held=scope_held("run__workflow", "tenant_id"))
-    for run_id, depth, parent, waits, version, scope, *wait in qs.values_list(
+    columns = ("run__depth", "run__parent_id", "run__parent_waits", "run__version")
+    for run_id, depth, parent, waits, version, *wait in qs.values_list(
         "run_id", *columns, "event_type", "match", "after", "gaps"
     ):
-        entry = found.setdefault(run_id, _Found(depth, parent, waits, version, scope))
+        entry = found.setdefault(run_id, _Found(depth, parent, waits, version))
         entry.waits.append((wait[0], wait[1], wait[2], wait[3]))
     return found
 
@@ -490,11 +479,7 @@ def wake_waiters(event: Event) -> None:
             # lock order (their waiting parents first): a locking read through a
             # secondary index would lock every row it scans on MariaDB, and two
             # appenders that wake different runs could deadlock. The look-up
-            # reads what the lock order needs and the runs' waits with them,
-            # and whether a pause of their workflow or tenant holds them: a
-            # scope's pause locks no run, so a read under the run's lock would
-            # order nothing more than this read in the same transaction does
-            # (a pause that commits later holds the run's next segment).
+            # reads what the lock order needs and the runs' waits with them.
             found = _found(qs)
             if found:
                 placed = {run_id: entry.order for run_id, entry in found.items()}
@@ -507,9 +492,10 @@ def wake_waiters(event: Event) -> None:
                         else None
                     )
                     if satisfies(run, event, waits):
-                        # Paused (the run under its lock, its scope as the
-                        # look-up read it): recorded, taken when it is resumed.
-                        if held(run, entry.scope_held):
+                        # Paused, read under the run's lock (a scope's pause
+                        # locks no run: one that committed after the look-up
+                        # is seen only so): recorded, taken when it is resumed.
+                        if held(run):
                             mark_matched(run.id, event)
                         else:
                             _wake_inline(run, event)

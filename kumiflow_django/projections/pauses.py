@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from django.db import models
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.projections.stream import Change, Stream, write_one
@@ -129,9 +129,8 @@ def paused_names(kind: str) -> QuerySet[PausedScope, str]:
     return PausedScope.objects.filter(kind=kind, paused=True).values_list("name", flat=True)
 
 
-def _holding(workflow: object, tenant: object) -> QuerySet[PausedScope]:
-    """The paused scopes that hold runs of ``workflow`` in ``tenant`` (values,
-    or ``OuterRef``s of a query about runs)."""
+def _holding(workflow: str, tenant: str) -> QuerySet[PausedScope]:
+    """The paused scopes that hold runs of ``workflow`` in ``tenant``."""
     return PausedScope.objects.filter(paused=True).filter(
         Q(kind=ScopeKind.WORKFLOW, name=workflow) | Q(kind=ScopeKind.TENANT, name=tenant)
     )
@@ -141,13 +140,6 @@ def scope_paused(workflow: str, tenant: str) -> str | None:
     """The kind of the paused scope that holds runs of ``workflow`` in
     ``tenant`` ("workflow" or "tenant"), or None. One indexed read."""
     return _holding(workflow, tenant).values_list("kind", flat=True).first()
-
-
-def scope_held(workflow: str, tenant: str) -> Exists:
-    """:func:`scope_paused` as a condition of a query about runs, which names
-    the run's ``workflow`` and ``tenant`` columns (the wake-up's look-up
-    asks it in the statement that finds the waiting runs)."""
-    return Exists(_holding(OuterRef(workflow), OuterRef(tenant)))
 
 
 #: How long a process trusts its last read of the paused scopes for a start
