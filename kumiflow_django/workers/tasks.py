@@ -282,9 +282,10 @@ class TaskLoop(Loop):
             self.wake()  # a thread is free
 
     def _record(self, attempt: attempts.Attempt, outcome: attempts.Outcome) -> None:
-        """Record the outcome (one thread of the pool at a time: :data:`RECORDS_AT_ONCE`);
-        a deadlock or a lost connection is tried again at once (the outcome is
-        in hand), a few times, before the lease decides."""
+        """Record the outcome (at most :data:`RECORDS_AT_ONCE` threads of the pool
+        at once, each try on its own); a deadlock or a lost connection is tried
+        again after a short jitter (the outcome is in hand), a few times,
+        before the lease decides."""
         for tries in range(RECORD_TRIES):
             try:
                 with self._recording:
