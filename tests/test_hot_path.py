@@ -8,6 +8,7 @@ import threading
 import uuid
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -49,7 +50,7 @@ def test_a_value_read_before_a_change_is_not_kept_after_it(monkeypatch):
     from kumiflow_django import conf
 
     read, changed = threading.Event(), threading.Event()
-    real = conf.django_settings
+    real = django_settings
 
     class Paused:
         """Django's settings, pausing the first read between it and its keeping."""
