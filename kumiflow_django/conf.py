@@ -9,6 +9,7 @@ The class attributes are the documented defaults (docs/settings.md).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -152,7 +153,11 @@ class KumiflowSettings:
                 return _read[name]
             except KeyError:
                 default = object.__getattribute__(self, name)
-                value = _read[name] = getattr(django_settings, PREFIX + name, default)
+                changes = _changes
+                value = getattr(django_settings, PREFIX + name, default)
+                with _keeping:
+                    if changes == _changes:  # else read before a change: not kept
+                        _read[name] = value
                 return value
         return object.__getattribute__(self, name)
 
@@ -168,11 +173,19 @@ class KumiflowSettings:
 #: changed at runtime otherwise. Deleting a setting with pytest-django's
 #: fixture sends none: set it to its default instead.
 _read: dict[str, Any] = {}
+#: ``setting_changed`` signals seen so far, and the lock that makes "nothing
+#: changed since this value was read" and its keeping one step: a thread that
+#: read a value just before a change does not keep it past the change.
+_changes = 0
+_keeping = threading.Lock()
 
 
 def _forget(*, setting: str, **kwargs: Any) -> None:
+    global _changes
     if setting.startswith(PREFIX):
-        _read.clear()
+        with _keeping:
+            _changes += 1
+            _read.clear()
 
 
 setting_changed.connect(_forget, dispatch_uid="kumiflow-settings")

@@ -4,9 +4,11 @@ read of a stream, the values the hot INSERTs pass through unadapted."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -39,6 +41,40 @@ def test_a_kept_setting_follows_the_settings_fixture(settings_fixture):
     settings_fixture.KUMIFLOW_DEFAULT_TENANT = "beta"
     assert settings.DEFAULT_TENANT == "beta"
     # (``del settings.KUMIFLOW_X`` sends no setting_changed: see kumiflow_django.conf)
+
+
+def test_a_value_read_before_a_change_is_not_kept_after_it(monkeypatch):
+    """A thread (a worker's loop in a test) that read a setting just before
+    ``override_settings`` changed it must not keep that old value past the
+    change: the override would be hidden, and the old value outlive it."""
+    from kumiflow_django import conf
+
+    read, changed = threading.Event(), threading.Event()
+    real = django_settings
+
+    class Paused:
+        """Django's settings, pausing the first read between it and its keeping."""
+
+        def __getattr__(self, name: str) -> object:
+            missing = object()
+            value = getattr(real, name, missing)
+            if not read.is_set():
+                read.set()
+                assert changed.wait(timeout=30)
+            if value is missing:
+                raise AttributeError(name)  # the default, then
+            return value
+
+    conf._read.clear()
+    monkeypatch.setattr(conf, "django_settings", Paused())
+    reader = threading.Thread(target=lambda: settings.MAX_START_DEPTH)
+    reader.start()
+    assert read.wait(timeout=30)  # it has read 8, and keeps it next
+    with override_settings(KUMIFLOW_MAX_START_DEPTH=3):
+        changed.set()
+        reader.join(timeout=30)
+        assert settings.MAX_START_DEPTH == 3
+    assert settings.MAX_START_DEPTH == 8
 
 
 @pytest.fixture

@@ -24,12 +24,13 @@ once: the attempts' leases run out and other workers try them again.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -63,8 +64,9 @@ DRAIN_POLL = 0.1
 #: (which resumes the waiting run in it), hold each transaction open for
 #: about the CPU time of all of them (W7, 32 threads on a loaded machine:
 #: 220 ms of wall time at the median for 18 ms of CPU). Past this many, a
-#: thread waits before its transaction begins, holding nothing; a few at
-#: once still overlap one's round trips with another's Python.
+#: thread waits before its transaction begins, holding nothing (and no later
+#: than its timeout's end: :meth:`TaskLoop._slot`); a few at once still overlap
+#: one's round trips with another's Python.
 RECORDS_AT_ONCE = 4
 
 
@@ -282,12 +284,13 @@ class TaskLoop(Loop):
             self.wake()  # a thread is free
 
     def _record(self, attempt: attempts.Attempt, outcome: attempts.Outcome) -> None:
-        """Record the outcome (one thread of the pool at a time: :data:`RECORDS_AT_ONCE`);
-        a deadlock or a lost connection is tried again at once (the outcome is
-        in hand), a few times, before the lease decides."""
+        """Record the outcome (at most :data:`RECORDS_AT_ONCE` threads of the pool
+        at once, each try on its own); a deadlock or a lost connection is tried
+        again after a short jitter (the outcome is in hand), a few times,
+        before the lease decides."""
         for tries in range(RECORD_TRIES):
             try:
-                with self._recording:
+                with self._slot(attempt):
                     attempts.record(attempt, outcome)
                 return
             except Exception as exc:
@@ -301,6 +304,22 @@ class TaskLoop(Loop):
                     exc,
                 )
                 refresh_connection()
+
+    @contextlib.contextmanager
+    def _slot(self, attempt: attempts.Attempt) -> Iterator[None]:
+        """One of the :data:`RECORDS_AT_ONCE` slots, waited for no later than the
+        end of the attempt's timeout: when every slot stays taken (recordings
+        that wait for a lock), the outcome is recorded without one rather than
+        made late by the wait (the engine refuses a result after the lease)."""
+        context = attempt.context
+        lease = context.started_at + timedelta(seconds=context.timeout)
+        wait = max(0.0, (lease - clock.now()).total_seconds())
+        slot = self._recording.acquire(timeout=wait)
+        try:
+            yield
+        finally:
+            if slot:
+                self._recording.release()
 
     def _abandon(self, task_id: uuid.UUID, number: int) -> None:
         """The database gave up an attempt: if this pool runs it, stop counting it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -303,13 +304,14 @@ def test_a_pool_records_a_few_outcomes_at_a_time(monkeypatch):
         def __init__(self, inner: threading.Semaphore) -> None:
             self.inner = inner
 
-        def __enter__(self) -> None:
+        def acquire(self, timeout: float = -1) -> bool:
             if not self.inner.acquire(blocking=False):
                 waited.append(True)
                 either.set()
-                self.inner.acquire()
+                return self.inner.acquire(timeout=timeout)
+            return True
 
-        def __exit__(self, *exc: object) -> None:
+        def release(self) -> None:
             self.inner.release()
 
     inner = getattr(loop, "_recording", threading.BoundedSemaphore(at_once + 1))
@@ -338,3 +340,37 @@ def test_a_pool_records_a_few_outcomes_at_a_time(monkeypatch):
     loop.close()
     assert (most[0], waited) == (at_once, [True])
     assert [run_of(run).result for run in runs] == [2 * n for n in range(at_once + 1)]
+
+
+def test_waiting_to_record_never_outlasts_the_attempts_lease(monkeypatch):
+    """The pool's bound on outcomes recorded at once must not make a result
+    late: when every slot stays taken (recordings that wait for a lock), an
+    outcome does not wait for one past its lease's end, it is recorded then
+    without one (a late result is refused by the engine)."""
+    from kumiflow_django.store import clock
+    from kumiflow_django.tasks.context import TaskContext
+
+    loop = TaskLoop(threads=1)
+    for _ in range(pool.RECORDS_AT_ONCE):  # every slot taken, and kept
+        assert loop._recording.acquire(blocking=False)
+    recorded = threading.Event()
+    monkeypatch.setattr(attempts, "record", lambda attempt, outcome: recorded.set())
+    context = TaskContext(
+        task_id=uuid.uuid4(),
+        run_id=uuid.uuid4(),
+        tenant="default",
+        step="s",
+        attempt=1,
+        started_at=clock.now(),
+        timeout=0.2,
+        heartbeat_timeout=None,
+    )
+    attempt = attempts.Attempt(context.task_id, 1, "f", [], context, ())
+    thread = threading.Thread(target=loop._record, args=(attempt, attempts.Outcome(ok=True)))
+    thread.start()
+    try:
+        assert recorded.wait(timeout=10), "the outcome waited for a slot past its lease"
+    finally:
+        for _ in range(pool.RECORDS_AT_ONCE):
+            loop._recording.release()
+        thread.join(timeout=30)
