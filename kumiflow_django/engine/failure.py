@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kumiflow_django.store import limits
+from kumiflow_django.store import db, limits
 from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.values import clean_text
 
@@ -52,6 +54,22 @@ class Failure(Exception):
         if self.durations:
             payload["durations"] = self.durations
         return payload
+
+
+@contextmanager
+def user_code(reason: str, what: str) -> Iterator[None]:
+    """Run a start's user code (a trigger's filter, a key or an attribute
+    resolver): whatever it raises fails the start as a :class:`Failure` of
+    ``reason`` that names ``what``, SystemExit included, but a Ctrl-C and a
+    transient database error (retried by the caller) go through."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        if db.is_transient(exc):
+            raise
+        raise Failure(reason, clean_text(f"{type(exc).__name__} {what}: {exc}", 600)) from exc
 
 
 def capped_traceback(error: BaseException) -> str:

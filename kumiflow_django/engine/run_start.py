@@ -43,7 +43,7 @@ from kumiflow_django.definition.context import (
 )
 from kumiflow_django.definition.flow import resolve_key
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine.failure import Failure
+from kumiflow_django.engine.failure import Failure, user_code
 from kumiflow_django.engine.opening import Opening, Prepared, Steps, current_depth, keyed_run
 from kumiflow_django.flow import admission
 from kumiflow_django.flow.admission import Item, Unwritten
@@ -51,7 +51,6 @@ from kumiflow_django.projections.pauses import start_paused
 from kumiflow_django.store import db, limits, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
-from kumiflow_django.store.values import clean_text
 
 
 @dataclass(frozen=True)
@@ -235,17 +234,8 @@ class RunStart:
             fingerprint=workflow.fingerprint,
         )
         view = Context(event=self.trigger, run=info, state=new_state()).view
-        try:
+        with user_code(ev.ATTRIBUTE_FAILED, "resolving a search attribute"):
             values = resolve_all(workflow.attributes, view) if workflow.attributes else {}
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # user code: SystemExit fails the start like any error
-            if db.is_transient(exc):
-                raise
-            raise Failure(
-                ev.ATTRIBUTE_FAILED,
-                clean_text(f"{type(exc).__name__} resolving a search attribute: {exc}", 600),
-            ) from exc
         out: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
         for _, changes in self.restart.attributes if self.restart else ():
             out = merged(out, changes)
@@ -305,19 +295,10 @@ def flow_keys(workflow: Workflow, trigger: Trigger) -> dict[str, Any] | None:
     if workflow.concurrency is None and workflow.rate is None:
         return None
     flow: dict[str, Any] = {}
-    try:
+    with user_code(ev.FLOW_KEY_FAILED, "resolving a flow key"):
         if workflow.concurrency is not None:
             flow["scope"] = admission.scope_of(workflow)
             flow["key"] = resolve_key(workflow.concurrency.key, trigger, "the concurrency key")
         if workflow.rate is not None:
             flow["rate_key"] = resolve_key(workflow.rate.key, trigger, "the rate key")
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # user code: SystemExit fails the start like any error
-        if db.is_transient(exc):
-            raise
-        raise Failure(
-            ev.FLOW_KEY_FAILED,
-            clean_text(f"{type(exc).__name__} resolving a flow key: {exc}", 600),
-        ) from exc
     return flow

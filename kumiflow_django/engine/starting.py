@@ -20,7 +20,7 @@ from kumiflow_django.definition.registry import registry
 from kumiflow_django.definition.snapshots import remember
 from kumiflow_django.definition.triggers import EventTrigger
 from kumiflow_django.definition.workflow import Workflow
-from kumiflow_django.engine.failure import Failure
+from kumiflow_django.engine.failure import Failure, user_code
 from kumiflow_django.engine.resuming import after_segment
 from kumiflow_django.engine.run_start import RestartFrom, RunStart, trigger_ref
 from kumiflow_django.engine.runner import start
@@ -33,7 +33,7 @@ from kumiflow_django.store.db import for_update, is_transient
 from kumiflow_django.store.errors import InvalidEvent, UnknownWorkflow
 from kumiflow_django.store.log import PRIORITY_METADATA, check_priority, check_text, resolve_tenant
 from kumiflow_django.store.models import Event
-from kumiflow_django.store.values import clean_text, to_json
+from kumiflow_django.store.values import to_json
 from kumiflow_django.store.wakeups import WorkKind, work_committed
 
 logger = telemetry.get_logger("kumiflow_django.engine.starting")
@@ -98,23 +98,18 @@ def start_triggered(event: Event) -> None:
         failure: Failure | None = None
         key: str | None = None
         try:
-            if trigger.filter is not None and not trigger.filter(event):
-                continue
-            key = _resolve_key(workflow, event)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # user code: SystemExit fails the run like any error
-            if is_transient(exc):
-                raise
+            with user_code(ev.STEP_FAILED, "in the trigger"):
+                if trigger.filter is not None and not trigger.filter(event):
+                    continue
+                key = _resolve_key(workflow, event)
+        except Failure as failed:
             logger.warning(
                 "workflow %s: trigger of event %s failed",
                 workflow.name,
                 event.position,
                 extra=telemetry.log_fields(workflow=workflow.name, tenant=event.tenant_id),
             )
-            failure = Failure(
-                ev.STEP_FAILED, clean_text(f"{type(exc).__name__} in the trigger: {exc}", 600)
-            )
+            failure = failed
         try:
             if failure is None and trigger.grouped:
                 group = _group_key(workflow, trigger, event)
@@ -168,16 +163,10 @@ def _group_key(workflow: Workflow, trigger: EventTrigger, event: Event) -> str |
     if trigger.key is None:
         return "*"
     try:
-        return resolve_key(trigger.key, event, "the trigger's key")
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # user code: SystemExit fails the start like any error
-        if is_transient(exc):
-            raise
-        return Failure(
-            ev.FLOW_KEY_FAILED,
-            clean_text(f"{type(exc).__name__} resolving the trigger's key: {exc}", 600),
-        )
+        with user_code(ev.FLOW_KEY_FAILED, "resolving the trigger's key"):
+            return resolve_key(trigger.key, event, "the trigger's key")
+    except Failure as failed:
+        return failed
 
 
 def _grouped_scope(tenant: str, workflow: str) -> str:
