@@ -59,6 +59,10 @@ def _explain_restart(run: Any) -> list[str]:
     ]
 
 
+def _restart_needs_a_step(run: Any, by: str, reason: str) -> None:
+    raise KumiflowError("a restart from the run list needs a step path: use its bulk page")
+
+
 #: The actions of the bulk pages only (not offered on a run's page).
 BULK_ONLY = {
     "restart": Operation(
@@ -68,8 +72,9 @@ BULK_ONLY = {
         done="restarted",
         refuse=restarts.refuse_restart,
         explain=_explain_restart,
-        # One run from its start (the bulk pages call bulk_runs with the step path).
-        perform=lambda run, by, reason: restarts.restart_run(run.id, by=by, reason=reason),
+        # Never one run at a time: the bulk pages call bulk_runs with the step
+        # path the operator chose (a restart without one would begin at step 0).
+        perform=_restart_needs_a_step,
         danger=True,
     ),
 }
