@@ -16,7 +16,7 @@ from django.db import connection
 from kumiflow_django.store import db
 from kumiflow_django.workers.cron import CronLoop
 from kumiflow_django.workers.dispatch import DispatchLoop
-from kumiflow_django.workers.loop import OUTAGE_BACKOFF, Loop, Outage
+from kumiflow_django.workers.loop import OUTAGE_BACKOFF, Loop, Outage, summary
 from kumiflow_django.workers.resume import ResumeLoop
 from kumiflow_django.workers.tasks import TaskLoop
 
@@ -272,3 +272,203 @@ def test_a_refused_postgresql_connection_is_transient():
     error = OperationalError("syntax error at or near")
     error.__cause__ = psycopg.OperationalError("syntax error at or near")
     assert not db.is_transient(error)
+
+
+# -- the heartbeat: a worker is not brought down at its start ---------------------
+
+
+def lost_connection() -> Exception:
+    """What Django raises when the server ends the session in the middle of a
+    transaction (under heavy load on PostgreSQL: its idle-in-transaction limit,
+    the lease, passed between two statements of the snapshot's insert)."""
+    from django.db import InterfaceError, OperationalError
+
+    database = connection.Database  # type: ignore[attr-defined]
+    if connection.vendor == "postgresql":
+        from psycopg import errors
+
+        cause = errors.lookup("25P03")("terminating connection due to idle-in-transaction timeout")
+    elif connection.vendor == "mysql":
+        cause = database.OperationalError(2013, "Lost connection to MySQL server during query")
+    else:  # no server to lose: the connection Django finds closed
+        return InterfaceError("connection already closed")
+    error = OperationalError(*cause.args)
+    error.__cause__ = cause
+    assert db.is_transient(error) and not db.is_lock_conflict(error)
+    return error
+
+
+def snapshots_fail(monkeypatch: Any, times: int) -> list[int]:
+    """The next ``times`` inserts into the snapshot table lose the connection."""
+    from kumiflow_django.definition.snapshots import DefinitionSnapshot, forget
+
+    forget()  # this process has stored none: the first beat inserts them
+    tries: list[int] = []
+    manager = DefinitionSnapshot.objects
+    real = manager.bulk_create
+
+    def bulk_create(objs: Any, *args: Any, **kwargs: Any) -> Any:
+        tries.append(1)
+        if len(tries) <= times:
+            raise lost_connection()
+        return real(objs, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "bulk_create", bulk_create)
+    return tries
+
+
+def paused_heartbeat(heartbeat: Any) -> list[float]:
+    """The heartbeat's pauses recorded (and a fake clock advanced) instead of waited."""
+    pauses: list[float] = []
+    now = [0.0]
+    heartbeat.outage = Outage("heartbeat", rng=NoJitter(), monotonic=lambda: now[0])
+
+    def wait(event: Any, seconds: float) -> bool:
+        pauses.append(seconds)
+        now[0] += seconds
+        return bool(event.is_set())
+
+    heartbeat._wait = wait
+    return pauses
+
+
+def heartbeat_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in loud(caplog) if "heartbeat" in r.getMessage()]
+
+
+OUTAGE_OF_THREE = [
+    "heartbeat: the database is unavailable ({error}); trying again with backoff",
+    "heartbeat: working again after 1.8 s (3 failed tries)",
+]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_first_heartbeat_loses_the_database_starts_when_it_is_back(
+    monkeypatch, caplog, registry
+):
+    """The first beat stores the definitions' snapshots; the connection lost in
+    that insert (a loaded PostgreSQL) used to escape the worker's start and
+    bring the worker down. Now it is an outage of the heartbeat: backoff, and
+    the loops start once the beat went through."""
+    from kumiflow_django import define_workflow
+    from kumiflow_django import steps as s
+    from kumiflow_django.definition.serving import WorkerProcess
+    from kumiflow_django.workers.worker import Worker
+
+    caplog.set_level(logging.INFO, logger="kumiflow_django")
+    define_workflow("beating", steps=[s.return_(1)])
+    tries = snapshots_fail(monkeypatch, 3)
+    worker = Worker(dispatch=False, cron=False, tasks=False, max_interval=30.0)
+    pauses = paused_heartbeat(worker.services[0])
+    seen: list[bool] = []
+
+    def idle(loop: Loop, seconds: float) -> None:
+        # The loops run only after the first beat: its row is there.
+        seen.append(WorkerProcess.objects.filter(pk=worker.worker_id).exists())
+        worker.stop()
+
+    monkeypatch.setattr(Loop, "idle", idle)
+    worker.run()
+
+    assert not worker.crashed
+    assert len(tries) == 4 and pauses[:3] == [0.25, 0.5, 1.0]
+    assert seen and all(seen)
+    assert not WorkerProcess.objects.filter(pk=worker.worker_id).exists()  # left at the stop
+    error = summary(lost_connection())
+    assert heartbeat_lines(caplog) == [
+        (logging.WARNING, OUTAGE_OF_THREE[0].format(error=error)),
+        (logging.WARNING, OUTAGE_OF_THREE[1]),
+    ]
+    assert not any(r.exc_info for r in loud(caplog))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_kumiflow_resume_starts_through_a_lost_first_heartbeat(monkeypatch, caplog, registry):
+    """The same for the single-loop command, which writes its own heartbeat row."""
+    from django.core.management import call_command
+
+    from kumiflow_django import define_workflow
+    from kumiflow_django import steps as s
+    from kumiflow_django.workers import worker as worker_module
+
+    caplog.set_level(logging.INFO, logger="kumiflow_django")
+    define_workflow("beating", steps=[s.return_(1)])
+    tries = snapshots_fail(monkeypatch, 3)
+    heartbeats: list[list[float]] = []
+
+    class Recorded(worker_module.Heartbeat):
+        def __init__(self, worker_id: str) -> None:
+            super().__init__(worker_id)
+            heartbeats.append(paused_heartbeat(self))
+
+    monkeypatch.setattr("kumiflow_django.management.loop_command.Heartbeat", Recorded)
+    monkeypatch.setattr(ResumeLoop, "idle", lambda self, seconds: self.stop())
+    call_command("kumiflow_resume", "--max-interval", "30", verbosity=1)  # used to raise
+
+    [pauses] = heartbeats
+    assert len(tries) == 4 and pauses[:3] == [0.25, 0.5, 1.0]
+    error = summary(lost_connection())
+    assert heartbeat_lines(caplog) == [
+        (logging.WARNING, OUTAGE_OF_THREE[0].format(error=error)),
+        (logging.WARNING, OUTAGE_OF_THREE[1]),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_ends_a_first_heartbeat_that_waits_for_the_database(monkeypatch, registry):
+    """A signal while the database is still away stops the worker without a beat."""
+    from kumiflow_django import define_workflow
+    from kumiflow_django import steps as s
+    from kumiflow_django.workers.worker import Worker
+
+    define_workflow("beating", steps=[s.return_(1)])
+    snapshots_fail(monkeypatch, 1000)
+    worker = Worker(dispatch=False, cron=False, tasks=False)
+    pauses = paused_heartbeat(worker.services[0])
+    heartbeat: Any = worker.services[0]
+    real_wait = heartbeat._wait
+
+    def wait(event: Any, seconds: float) -> bool:
+        if len(pauses) == 2:
+            worker.stop()  # what SIGTERM does
+        return bool(real_wait(event, seconds))
+
+    heartbeat._wait = wait
+    monkeypatch.setattr(Loop, "idle", lambda self, seconds: pytest.fail("no loop polls"))
+    worker.run()
+    assert pauses == [0.25, 0.5, 1.0]
+    assert not worker.crashed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_thread_keeps_beating_through_an_outage_with_one_line_each_way(
+    monkeypatch, caplog, registry
+):
+    """No traceback per failed beat: the outage's two lines, and its backoff
+    (at most the heartbeat interval) between the beats."""
+    from kumiflow_django.definition import serving
+    from kumiflow_django.workers.worker import Heartbeat
+
+    caplog.set_level(logging.INFO, logger="kumiflow_django")
+    heartbeat = Heartbeat("h-thread")
+    pauses = paused_heartbeat(heartbeat)
+    beats: list[int] = []
+    real_beat = serving.beat
+
+    def beat(worker_id: str, **kwargs: Any) -> None:
+        beats.append(1)
+        if len(beats) <= 3:
+            raise lost_connection()
+        if len(beats) == 5:
+            heartbeat._stop.set()
+        real_beat(worker_id, **kwargs)
+
+    monkeypatch.setattr(serving, "beat", beat)
+    heartbeat._run()  # the thread's loop, here
+    interval = serving.heartbeat_interval()
+    assert pauses == [interval, 0.25, 0.5, 1.0, interval, interval]
+    error = summary(lost_connection())
+    assert heartbeat_lines(caplog) == [
+        (logging.WARNING, OUTAGE_OF_THREE[0].format(error=error)),
+        (logging.WARNING, OUTAGE_OF_THREE[1]),
+    ]

@@ -152,14 +152,24 @@ class LoopCommand(BaseCommand):
         # A process that resumes runs says which definitions it serves
         # (kumiflow_resume, as kumiflow_worker does): one heartbeat row.
         heartbeat = Heartbeat(loop.worker_id) if isinstance(loop, ResumeLoop) else None
-        try:
+
+        def run() -> None:
+            # Under the signal handlers: a start that waits for the database stops on a signal.
             if heartbeat is not None:
                 heartbeat.start()
             try:
-                run_until_signalled(loop.run_forever, loop.stop)
+                loop.run_forever()
             finally:
                 if heartbeat is not None:
                     heartbeat.stop()
+
+        def stop() -> None:
+            loop.stop()
+            if heartbeat is not None:
+                heartbeat.cancel()
+
+        try:
+            run_until_signalled(run, stop)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit(0) included: a loop never ends by itself

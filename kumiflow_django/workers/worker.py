@@ -15,11 +15,12 @@ from typing import Protocol
 
 from kumiflow_django.definition import serving
 from kumiflow_django.store import clock, db
+from kumiflow_django.store.errors import OperationConflict
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.workers.bulk import BulkLoop
 from kumiflow_django.workers.cron import CronLoop
 from kumiflow_django.workers.dispatch import DispatchLoop
-from kumiflow_django.workers.loop import Loop
+from kumiflow_django.workers.loop import Loop, Outage
 from kumiflow_django.workers.resume import ResumeLoop, default_worker_id
 from kumiflow_django.workers.tasks import TaskLoop
 
@@ -39,31 +40,70 @@ class Heartbeat:
     """This process's row in the worker table (:mod:`kumiflow_django.definition.serving`):
     written before the loops start, refreshed every heartbeat interval by a
     thread of its own, deleted when the worker stops. One row per process,
-    whatever loops it runs."""
+    whatever loops it runs.
+
+    A database that is away, at the start or later, is an :class:`Outage`
+    of the heartbeat, as of a loop: one line when it starts, the outage's
+    backoff between tries, one line when a beat succeeds again. At the
+    start the loops wait for the first beat (:meth:`cancel` ends the wait);
+    a worker is not brought down by a database that is slow or restarting
+    when it starts."""
 
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self._stop = threading.Event()
+        #: Set by :meth:`cancel`: a first beat that waits for the database gives up.
+        self._cancelled = threading.Event()
         self._thread: threading.Thread | None = None
+        self.outage = Outage("heartbeat")
 
     def start(self) -> None:
-        serving.beat(self.worker_id, started_at=clock.now())
+        """Write the row (and the definitions' snapshots), then start the thread.
+        A transient error (:func:`~kumiflow_django.store.db.is_transient`, or
+        lock conflicts lost every time) is tried again with backoff until the
+        beat succeeds or :meth:`cancel` is called; any other error is raised."""
+        while True:
+            try:
+                serving.beat(self.worker_id, started_at=clock.now())
+                break
+            except Exception as exc:
+                if not (db.is_transient(exc) or isinstance(exc, OperationConflict)):
+                    raise
+                pause = self.outage.failed(exc, away=True)
+                db.connection().close()
+                if self._wait(self._cancelled, pause):
+                    return  # stopped before the database came back: nothing to beat for
+        self.outage.succeeded()
         db.connection().close()  # the main thread only waits from now on
         self._thread = threading.Thread(target=self._run, name="kumiflow-heartbeat", daemon=True)
         self._thread.start()
 
+    def _wait(self, event: threading.Event, seconds: float) -> bool:
+        """Wait up to ``seconds`` for ``event``; whether it is set (tests replace it)."""
+        return event.wait(seconds)
+
     def _run(self) -> None:
+        interval = serving.heartbeat_interval()
+        pause = interval
         try:
-            while not self._stop.wait(serving.heartbeat_interval()):
+            while not self._wait(self._stop, pause):
                 try:
                     serving.beat(self.worker_id)
-                except Exception:  # the database is away: the next beat tries again
-                    logger.warning("worker %s: heartbeat failed", self.worker_id, exc_info=True)
+                except Exception as exc:  # the database is away: the next beat tries again
+                    pause = min(self.outage.failed(exc), interval)
                     db.connection().close()
+                else:
+                    self.outage.succeeded()
+                    pause = interval
         finally:
             db.connection().close()
 
+    def cancel(self) -> None:
+        """Give up a start that waits for the database (the worker is stopping)."""
+        self._cancelled.set()
+
     def stop(self) -> None:
+        self._cancelled.set()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -90,7 +130,8 @@ class Worker:
         services: Sequence[Service] = (),
     ) -> None:
         self.worker_id = worker_id or default_worker_id()
-        self.services: list[Service] = [Heartbeat(self.worker_id), *services]
+        self.heartbeat = Heartbeat(self.worker_id)
+        self.services: list[Service] = [self.heartbeat, *services]
         self.loops: list[Loop] = []
         if resume:
             self.loops.append(
@@ -136,6 +177,7 @@ class Worker:
     def stop(self) -> None:
         for loop in self.loops:
             loop.stop()
+        self.heartbeat.cancel()  # a start still waiting for the database gives up
 
     def run(self) -> None:
         threads = [
