@@ -227,20 +227,16 @@ def select_one[M: Model](model: type[M], **where: Any) -> M | None:
     costs several times the database on a request that reads one row by its key
     (the API's token and run lookups): the statement is built once per shape,
     its values adapted by each field's ``get_db_prep_value``, the row converted
-    by the ORM's own converters (``raw()``), and the read routed as the ORM
+    by the ORM's own converters (:func:`fetch`), and the read routed as the ORM
     routes it (the model's manager, then ``db_for_read``: a replica-readable
     request may read a replica).
     """
-    manager = model._default_manager
-    using = manager.get_queryset().db
+    using = model._default_manager.get_queryset().db
     sql, fields = _select_sql(model, using, tuple(where))
-    connection = connections[using]
-    params = [
-        f.get_db_prep_value(value, connection, prepared=False)
-        for f, value in zip(fields, where.values(), strict=True)
-    ]
-    for row in manager.db_manager(using).raw(sql, params):
-        return row
+    params = [prep(f, value, using) for f, value in zip(fields, where.values(), strict=True)]
+    concrete = tuple(model._meta.concrete_fields)
+    for row in fetch(sql, params, concrete, using=using):
+        return model.from_db(using, [f.attname for f in concrete], row)
     return None
 
 
