@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any
 
 from django.db import IntegrityError
-from django.db.models import Q, QuerySet
 
 from kumiflow_django.conf import settings
 from kumiflow_django.definition import matching, serving
@@ -47,11 +46,11 @@ from kumiflow_django.engine.runner import execute
 from kumiflow_django.engine.segment import Segment
 from kumiflow_django.flow import admission
 from kumiflow_django.flow.admission import Item, Unwritten
-from kumiflow_django.projections import lock_order
+from kumiflow_django.projections import lock_order, waits
 from kumiflow_django.projections.runs import SUSPENDED, RunStatus, WorkflowRun
 from kumiflow_django.projections.stream import StaleRow
 from kumiflow_django.projections.waits import ROOT, RunWait, waits_events
-from kumiflow_django.store import clock, db, telemetry
+from kumiflow_django.store import clock, db, sql, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.db import is_transient
@@ -261,7 +260,7 @@ def _definition(run: WorkflowRun) -> Definition | Failure:
 def _trigger(run: WorkflowRun) -> Trigger:
     if run.trigger_position is None:
         return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
-    event = Event.objects.filter(position=run.trigger_position, tenant_id=run.tenant_id).first()
+    event = sql.select_one(Event, position=run.trigger_position, tenant_id=run.tenant_id)
     if event is None:
         raise Failure(
             ev.TRIGGER_UNAVAILABLE,
@@ -411,36 +410,23 @@ def after_segment(run: WorkflowRun) -> None:
 # --- awaited events ---------------------------------------------------------
 
 
-def _waiting_query(event: Event) -> QuerySet[RunWait, RunWait] | None:
-    """The waits of the event's tenant for an event like this one (or None),
-    with their waiting runs: one statement on the waits' correlation index,
-    joined to each run's row by its primary key."""
-    condition = None
+def _awaited(event: Event) -> waits.Awaited | None:
+    """The waits an event like this one may satisfy (None: no wait can be
+    for it), for the look-up (:func:`waits.awaiting`)."""
+    awaited: list[tuple[str, list[str]]] = []
     for awaited_type in awaited_as(event.type):
         path_sets = registry.awaited_paths(awaited_type)
         keys = matching.keys_for_event(event, path_sets) if path_sets else []
         if keys:
-            q = Q(event_type=awaited_type, correlation_key__in=keys)
-            condition = q if condition is None else condition | q
-    if condition is None:
-        return None
-    # No cut-off in SQL: an event that commits late may have a position below
-    # a wait's cut-off and still count (a gap of its start); ``satisfies`` decides.
-    return (
-        RunWait.objects.filter(condition)
-        .filter(
-            tenant_id=event.tenant_id,
-            run__status__in=(RunStatus.WAITING_EVENT, RunStatus.WAITING),
-        )
-        .order_by("run__started_at", "run_id", "id")
-    )
+            awaited.append((awaited_type, keys))
+    return waits.Awaited(event.tenant_id, awaited) if awaited else None
 
 
 def waiting_for(event: Event) -> list[uuid.UUID]:
-    qs = _waiting_query(event)
-    if qs is None:
+    awaited = _awaited(event)
+    if awaited is None:
         return []
-    return list(dict.fromkeys(qs.values_list("run_id", flat=True)))
+    return list(dict.fromkeys(row[0] for row in waits.awaiting(awaited)))
 
 
 def is_awaited(event_type: str) -> bool:
@@ -457,30 +443,27 @@ class _Found:
         self.waits: list[tuple[str, Any, int, Any]] = []
 
 
-def _found(qs: QuerySet[RunWait, RunWait]) -> dict[uuid.UUID, _Found]:
+def _found(awaited: waits.Awaited) -> dict[uuid.UUID, _Found]:
     """The look-up's one statement: the waits, with what the lock order needs
     of their runs and their versions."""
     found: dict[uuid.UUID, _Found] = {}
-    columns = ("run__depth", "run__parent_id", "run__parent_waits", "run__version")
-    for run_id, depth, parent, waits, version, *wait in qs.values_list(
-        "run_id", *columns, "event_type", "match", "after", "gaps"
-    ):
-        entry = found.setdefault(run_id, _Found(depth, parent, waits, version))
+    for run_id, depth, parent, parent_waits, version, *wait in waits.awaiting(awaited):
+        entry = found.setdefault(run_id, _Found(depth, parent, parent_waits, version))
         entry.waits.append((wait[0], wait[1], wait[2], wait[3]))
     return found
 
 
 def wake_waiters(event: Event) -> None:
     """Wake the runs an appended event satisfies, in the appending transaction."""
-    qs = _waiting_query(event)
-    if qs is not None:
+    awaited = _awaited(event)
+    if awaited is not None:
         if settings.EVENT_WAKE == "inline":
             # Find them without locking, then lock them by primary key, in the
             # lock order (their waiting parents first): a locking read through a
             # secondary index would lock every row it scans on MariaDB, and two
             # appenders that wake different runs could deadlock. The look-up
             # reads what the lock order needs and the runs' waits with them.
-            found = _found(qs)
+            found = _found(awaited)
             if found:
                 placed = {run_id: entry.order for run_id, entry in found.items()}
                 for run in lock_order.lock_placed(placed):

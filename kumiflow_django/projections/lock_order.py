@@ -17,6 +17,7 @@ from typing import NamedTuple
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.projections.tasks import StepTask
+from kumiflow_django.store import sql
 from kumiflow_django.store.db import for_update
 
 
@@ -69,15 +70,15 @@ def lock_placed(
     locked: list[WorkflowRun] = []
     for depth in sorted(levels):
         group = levels[depth]
-        rows = for_update(
-            WorkflowRun.objects.filter(pk__in=list(group)).order_by("pk"),
-            skip_locked=skip_locked and group <= wanted,
-        )
+        skip = skip_locked and group <= wanted
+        # Built once per shape (``store.sql``): the ORM's compiler costs more
+        # than the database on the wake-up by an event, one lock per append.
         if group.isdisjoint(wanted):
             # Parents only: locked, not read (a parent of a thousand children
             # would be read once per child, its whole state with it).
-            list(rows.values_list("pk", flat=True))
+            sql.lock_by_pk(WorkflowRun, group, skip_locked=skip)
             continue
+        rows = sql.by_pk(WorkflowRun, group, lock=True, skip_locked=skip)
         locked += [run for run in rows if run.pk in wanted]
     return locked
 

@@ -10,17 +10,17 @@ and resumed it, when and why.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from django.db import models
-from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.projections.stream import Change, Stream, write_one
-from kumiflow_django.store import clock, limits
+from kumiflow_django.store import clock, limits, sql
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
 from kumiflow_django.store.models import EngineManager, Event
@@ -129,17 +129,36 @@ def paused_names(kind: str) -> QuerySet[PausedScope, str]:
     return PausedScope.objects.filter(kind=kind, paused=True).values_list("name", flat=True)
 
 
-def _holding(workflow: str, tenant: str) -> QuerySet[PausedScope]:
-    """The paused scopes that hold runs of ``workflow`` in ``tenant``."""
-    return PausedScope.objects.filter(paused=True).filter(
-        Q(kind=ScopeKind.WORKFLOW, name=workflow) | Q(kind=ScopeKind.TENANT, name=tenant)
+@functools.cache
+def _holding_sql(using: str) -> str:
+    """The first paused scope that holds runs of a workflow in a tenant,
+    built once (``store.sql``): the check runs under every woken run's lock,
+    and the ORM's compiler costs more than the database there."""
+    meta = PausedScope._meta
+
+    def c(name: str) -> str:
+        return sql.column(meta.get_field(name), using, table=True)  # type: ignore[arg-type]
+
+    kind, name = c("kind"), c("name")
+    # Table and column names come from the model, quoted; values are parameters.
+    return (
+        f"SELECT {kind} FROM {sql.table(PausedScope, using)} WHERE ({c('paused')} = %s AND "  # noqa: S608
+        f"(({kind} = %s AND {name} = %s) OR ({kind} = %s AND {name} = %s))) "
+        f"ORDER BY {c('id')} ASC LIMIT 1"
     )
 
 
 def scope_paused(workflow: str, tenant: str) -> str | None:
     """The kind of the paused scope that holds runs of ``workflow`` in
-    ``tenant`` ("workflow" or "tenant"), or None. One indexed read."""
-    return _holding(workflow, tenant).values_list("kind", flat=True).first()
+    ``tenant`` ("workflow" or "tenant"), or None. One indexed read (the
+    kind, name index), by the scope's key: the workflow's scope first when
+    both are paused."""
+    using = PausedScope._default_manager.get_queryset().db
+    paused = sql.prep(PausedScope._meta.get_field("paused"), True, using)
+    params = [paused, ScopeKind.WORKFLOW.value, workflow, ScopeKind.TENANT.value, tenant]
+    kind_field = PausedScope._meta.get_field("kind")
+    rows = sql.fetch(_holding_sql(using), params, (kind_field,), using=using)
+    return str(rows[0][0]) if rows else None
 
 
 #: How long a process trusts its last read of the paused scopes for a start

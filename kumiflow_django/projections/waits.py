@@ -13,15 +13,16 @@ rebuilt from the log by ``kumiflow_rebuild``.
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
-from kumiflow_django.store import limits
+from kumiflow_django.store import limits, sql
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import EngineManager, Event
 
@@ -164,3 +165,73 @@ def own_waits(runs: Iterable[WorkflowRun]) -> dict[uuid.UUID, RunWait]:
 def own_wait(run: WorkflowRun) -> RunWait | None:
     """The wait of a run suspended in ``wait_for_event``, or None."""
     return own_waits([run]).get(run.id)
+
+
+# -- the wake-up's look-up ----------------------------------------------------
+
+
+class Awaited(NamedTuple):
+    """What an appended event may satisfy: the waits of ``tenant`` for one
+    of ``types``, each ``(awaited event type, its correlation keys)``."""
+
+    tenant: str
+    types: Sequence[tuple[str, Sequence[str]]]
+
+
+#: The columns :func:`awaiting` reads beside the wait's run: where the run is
+#: in the lock order and its version (of the run), then the wait.
+_OF_RUN = ("depth", "parent_id", "parent_waits", "version")
+_OF_WAIT = ("event_type", "match", "after", "gaps")
+
+
+@functools.lru_cache(maxsize=256)
+def _awaiting_sql(shape: tuple[int, ...], using: str) -> tuple[str, tuple[Any, ...]]:
+    """The look-up of :func:`awaiting` for conditions of ``shape`` (the
+    number of keys of each), built once per shape."""
+    run, wait = WorkflowRun._meta, RunWait._meta
+
+    def w(name: str) -> str:
+        return sql.column(wait.get_field(name), using, table=True)  # type: ignore[arg-type]
+
+    def r(name: str) -> str:
+        return sql.column(run.get_field(name), using, table=True)  # type: ignore[arg-type]
+
+    fields: tuple[Any, ...] = (wait.get_field("run"), *(run.get_field(c) for c in _OF_RUN))
+    fields += tuple(wait.get_field(c) for c in _OF_WAIT)
+    selected = ", ".join([w("run"), *(r(c) for c in _OF_RUN), *(w(c) for c in _OF_WAIT)])
+    conditions = " OR ".join(
+        f"({w('event_type')} = %s AND {w('correlation_key')} IN ({', '.join(['%s'] * n)}))"
+        for n in shape
+    )
+    # Table and column names come from the models, quoted; values are parameters.
+    statement = (
+        f"SELECT {selected} FROM {sql.table(RunWait, using)} INNER JOIN "  # noqa: S608
+        f"{sql.table(WorkflowRun, using)} ON ({w('run')} = {r('id')}) "
+        f"WHERE ({conditions}) AND {w('tenant_id')} = %s AND {r('status')} IN (%s, %s) "
+        f"ORDER BY {r('started_at')} ASC, {w('run')} ASC, {w('id')} ASC"
+    )
+    return statement, fields
+
+
+def awaiting(awaited: Awaited) -> list[tuple[Any, ...]]:
+    """The waits ``awaited`` whose runs wait (``waiting_event``, or
+    ``waiting`` in their branches): each its run's id, what the lock order
+    needs of the run and its version, then the wait's type, match, cut-off
+    and gaps. One statement on the waits' correlation index, joined to each
+    run's row by its primary key, in the order of the runs' starts.
+
+    No cut-off in SQL: an event that commits late may have a position below
+    a wait's cut-off and still count (a gap of its start); the caller
+    decides. The statement is built once per shape (``store.sql``): the
+    ORM's compiler cost more than the database here, once per append."""
+    # As a filter's ``__in`` sends them: each key once.
+    conditions = [(type_, list(dict.fromkeys(keys))) for type_, keys in awaited.types if keys]
+    if not conditions:
+        return []
+    using = RunWait._default_manager.get_queryset().db
+    statement, fields = _awaiting_sql(tuple(len(keys) for _, keys in conditions), using)
+    params: list[Any] = []
+    for type_, keys in conditions:
+        params += [type_, *keys]
+    params += [awaited.tenant, RunStatus.WAITING_EVENT.value, RunStatus.WAITING.value]
+    return sql.fetch(statement, params, fields, using=using)

@@ -1,5 +1,7 @@
 """Plain SQL for the engine's hot paths: reading a stream's head, inserting
-events and run rows, and updating the columns of a run that a segment changed.
+events and run rows, updating the columns of a run that a segment changed,
+and the wake-up by an awaited event (its look-up, the lock of the runs it
+found, their paused scopes' read).
 
 The ORM's SQL compiler costs more than the database on these paths (a
 segment writes a few small rows); the statements here are built once per
@@ -10,7 +12,7 @@ adapted exactly as the ORM would adapt them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from django.db import connections, models
@@ -225,18 +227,156 @@ def select_one[M: Model](model: type[M], **where: Any) -> M | None:
     costs several times the database on a request that reads one row by its key
     (the API's token and run lookups): the statement is built once per shape,
     its values adapted by each field's ``get_db_prep_value``, the row converted
-    by the ORM's own converters (``raw()``), and the read routed as the ORM
+    by the ORM's own converters (:func:`fetch`), and the read routed as the ORM
     routes it (the model's manager, then ``db_for_read``: a replica-readable
     request may read a replica).
     """
-    manager = model._default_manager
-    using = manager.get_queryset().db
+    using = model._default_manager.get_queryset().db
     sql, fields = _select_sql(model, using, tuple(where))
-    connection = connections[using]
-    params = [
-        f.get_db_prep_value(value, connection, prepared=False)
-        for f, value in zip(fields, where.values(), strict=True)
-    ]
-    for row in manager.db_manager(using).raw(sql, params):
-        return row
+    params = [prep(f, value, using) for f, value in zip(fields, where.values(), strict=True)]
+    concrete = tuple(model._meta.concrete_fields)
+    for row in fetch(sql, params, concrete, using=using):
+        return model.from_db(using, [f.attname for f in concrete], row)
     return None
+
+
+# -- Reads converted as the ORM converts them ------------------------------
+
+#: A database column's converter: ``(value, expression, connection)``, as
+#: the ORM's compiler calls it.
+Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
+
+
+@functools.cache
+def _converters(
+    fields: tuple[Field[Any, Any], ...], using: str
+) -> tuple[tuple[int, Any, tuple[Converter, ...]], ...]:
+    """For each column of ``fields`` that needs one: its index, its column
+    expression and the converters the ORM's compiler applies to it (the
+    backend's, then the field's: ``SQLCompiler.get_converters``)."""
+    connection = connections[using]
+    found = []
+    for i, field in enumerate(fields):
+        assert field.model is not None
+        col = field.get_col(field.model._meta.db_table)
+        converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+        if converters:
+            found.append((i, col, tuple(converters)))
+    return tuple(found)
+
+
+def fetch(
+    sql: str, params: Sequence[Any], fields: tuple[Field[Any, Any], ...], *, using: str
+) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` (a statement built once per shape by its caller,
+    its names quoted, its values parameters), each column converted as the
+    ORM converts a column of its field (``fields``, one per selected column,
+    in order): what ``values_list()`` of those fields gives."""
+    connection = connections[using]
+    converting = _converters(fields, using)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    if not converting:
+        return [tuple(row) for row in rows]
+    converted = []
+    for row in rows:
+        values = list(row)
+        for i, col, converters in converting:
+            value = values[i]
+            for converter in converters:
+                value = converter(value, col, connection)
+            values[i] = value
+        converted.append(tuple(values))
+    return converted
+
+
+def prep(field: Field[Any, Any], value: Any, using: str) -> Any:
+    """``value`` as a parameter compared with ``field``'s column (what a
+    ``filter()`` on the field sends)."""
+    return field.get_db_prep_value(value, connections[using], prepared=False)
+
+
+def column(field: Field[Any, Any], using: str, *, table: bool = False) -> str:
+    """The quoted column of ``field`` (with ``table``: qualified by its table)."""
+    qn = connections[using].ops.quote_name
+    name = qn(_column(field))
+    if table:
+        assert field.model is not None
+        return f"{qn(field.model._meta.db_table)}.{name}"
+    return name
+
+
+def table(model: type[Model], using: str) -> str:
+    """The quoted table of ``model``."""
+    return str(connections[using].ops.quote_name(model._meta.db_table))
+
+
+# -- Rows by primary key, locked -------------------------------------------
+
+
+def _lock_sql(using: str, lock: bool, skip_locked: bool) -> str:
+    """The locking clause where the database has one (what ``db.for_update``
+    asks of the ORM): ``FOR UPDATE``, with ``SKIP LOCKED`` when asked and able."""
+    connection = connections[using]
+    features = connection.features
+    if not (lock and features.has_select_for_update):
+        return ""
+    skip = skip_locked and features.has_select_for_update_skip_locked
+    return " " + str(connection.ops.for_update_sql(skip_locked=skip))
+
+
+@functools.cache
+def _by_pk_sql(
+    model: type[Model], using: str, count: int, whole: bool, lock: bool, skip_locked: bool
+) -> tuple[str, tuple[Field[Any, Any], ...]]:
+    meta = model._meta
+    pk = meta.pk
+    assert pk is not None
+    fields: tuple[Field[Any, Any], ...] = tuple(meta.concrete_fields) if whole else (pk,)
+    selected = ", ".join(column(f, using, table=True) for f in fields)
+    key = column(pk, using, table=True)
+    marks = ", ".join(["%s"] * count)
+    # Table and column names come from the model, quoted; values are parameters.
+    sql = f"SELECT {selected} FROM {table(model, using)} WHERE {key} IN ({marks})"  # noqa: S608
+    return f"{sql} ORDER BY {key} ASC{_lock_sql(using, lock, skip_locked)}", fields
+
+
+def _locking_db(model: type[Model], lock: bool) -> str:
+    """The database the ORM reads ``model`` from (locking: writes it to)."""
+    manager = model._default_manager
+    if lock:
+        using = manager.get_queryset().db
+        if connections[using].features.has_select_for_update:
+            return str(manager.select_for_update().db)
+        return str(using)
+    return str(manager.get_queryset().db)
+
+
+def by_pk[M: Model](
+    model: type[M], pks: Collection[Any], *, lock: bool = False, skip_locked: bool = False
+) -> list[M]:
+    """The rows of ``model`` whose primary keys are ``pks``, by key; with
+    ``lock``, locked (``skip_locked``: but those another transaction holds)
+    where the database can. What ``db.for_update(filter(pk__in=pks)
+    .order_by("pk"))`` reads, without building the query each time."""
+    if not pks:
+        return []
+    using = _locking_db(model, lock)
+    sql, fields = _by_pk_sql(model, using, len(pks), True, lock, skip_locked)
+    pk = model._meta.pk
+    assert pk is not None
+    rows = fetch(sql, [prep(pk, key, using) for key in pks], fields, using=using)
+    names = [f.attname for f in fields]
+    return [model.from_db(using, names, row) for row in rows]
+
+
+def lock_by_pk(model: type[Model], pks: Collection[Any], *, skip_locked: bool = False) -> list[Any]:
+    """Lock the rows of ``model`` whose primary keys are ``pks``, in key
+    order, reading only their keys (returned: those locked)."""
+    if not pks:
+        return []
+    using = _locking_db(model, True)
+    sql, fields = _by_pk_sql(model, using, len(pks), False, True, skip_locked)
+    rows = fetch(sql, [prep(fields[0], key, using) for key in pks], fields, using=using)
+    return [row[0] for row in rows]
