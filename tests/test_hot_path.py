@@ -221,3 +221,22 @@ def test_prepared_statements_asked_for_where_none_can_be_made_are_a_warning(opti
     messages = prepared_statement_warnings(databases, "flows")
     assert [m.id for m in messages] == (["kumiflow.W062"] if warned else [])
     assert prepared_statement_warnings(databases, "default") == []  # PostgreSQL only
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_by_key_outside_a_transaction_is_refused_as_the_orm_refuses_it():
+    """In autocommit a ``FOR UPDATE`` would hold nothing: the built lock says
+    so, as ``select_for_update()`` does, on the databases that lock rows."""
+    key = [uuid.uuid4()]
+    if not connection.features.has_select_for_update:
+        assert rowsql.by_pk(WorkflowRun, key, lock=True) == []  # SQLite: no row lock, as the ORM
+        return
+    with pytest.raises(transaction.TransactionManagementError):
+        list(WorkflowRun.objects.select_for_update().filter(pk__in=key))
+    with pytest.raises(transaction.TransactionManagementError):
+        rowsql.by_pk(WorkflowRun, key, lock=True)
+    with pytest.raises(transaction.TransactionManagementError):
+        rowsql.lock_by_pk(WorkflowRun, key)
+    with transaction.atomic():
+        assert rowsql.by_pk(WorkflowRun, key, lock=True) == []
+        assert rowsql.lock_by_pk(WorkflowRun, key) == []

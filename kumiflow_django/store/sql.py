@@ -19,6 +19,7 @@ from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Model
+from django.db.transaction import TransactionManagementError
 
 from kumiflow_django.store import db
 
@@ -326,7 +327,7 @@ def _lock_sql(using: str, lock: bool, skip_locked: bool) -> str:
     return " " + str(connection.ops.for_update_sql(skip_locked=skip))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # one shape per number of keys
 def _by_pk_sql(
     model: type[Model], using: str, count: int, whole: bool, lock: bool, skip_locked: bool
 ) -> tuple[str, tuple[Field[Any, Any], ...]]:
@@ -343,12 +344,19 @@ def _by_pk_sql(
 
 
 def _locking_db(model: type[Model], lock: bool) -> str:
-    """The database the ORM reads ``model`` from (locking: writes it to)."""
+    """The database the ORM reads ``model`` from (locking: writes it to).
+    A lock outside a transaction is refused, as the ORM refuses it: in
+    autocommit it would hold nothing."""
     manager = model._default_manager
     if lock:
         using = manager.get_queryset().db
-        if connections[using].features.has_select_for_update:
-            return str(manager.select_for_update().db)
+        connection = connections[using]
+        if connection.features.has_select_for_update:
+            using = str(manager.select_for_update().db)
+            if connections[using].get_autocommit():
+                raise TransactionManagementError(
+                    "select_for_update cannot be used outside of a transaction."
+                )
         return str(using)
     return str(manager.get_queryset().db)
 
