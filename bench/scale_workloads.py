@@ -128,7 +128,7 @@ def _drain(url: str, name: str, processes: int, n: int) -> dict[str, Any]:
         background = _busy(idle, machine_cpu())
         cpu_before = {
             "workers": sum(cpu_seconds(w.pid) for w in workers),
-            "database": sum(cpu_seconds(pid) for pid in server),
+            "database": sum(_cpu_or_zero(pid) for pid in server),
             "machine": machine_cpu(),
         }
         with transaction.atomic():
