@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -129,6 +130,57 @@ def test_the_runs_a_bulk_restart_starts_are_not_restarted_by_it(registry, clock,
     assert WorkflowRun.objects.filter(workflow="quick", status=RunStatus.COMPLETED).count() == 6
     assert Event.objects.filter(type=RESTARTED).count() == 3
     assert [_restarts_of(r.pk) for r in completed] == [1, 1, 1]
+
+
+@pytest.fixture
+def quick(registry, clock):
+    """Two completed ``quick`` runs, restartable from step 0."""
+    define_workflow("quick", steps=[s.compute("a", lambda ctx: 1), s.return_("done")])
+    return [start_workflow("quick") for _ in range(2)]
+
+
+def _record_restart() -> BulkOperation:
+    return bulk_runs("restart", filters={"workflow": "quick"}, from_step="0", run=False)
+
+
+def test_a_run_started_after_the_restart_was_recorded_is_left_whatever_the_clock_says(quick, clock):
+    """The worker's clock is an hour behind the web host's that recorded it."""
+    operation = _record_restart()
+    assert operation.log_position == Event.objects.last_position()
+    clock.set(operation.created_at - timedelta(hours=1))
+    late = start_workflow("quick")
+    assert late.started_at < operation.created_at
+    done = continue_bulk(operation.id)
+    assert (done.total, done.done, done.skipped) == (2, 2, 0)
+    assert [_restarts_of(r.pk) for r in quick] == [1, 1]
+    assert _restarts_of(late.pk) == 0
+
+
+def test_a_run_started_before_the_restart_was_recorded_is_taken_whatever_the_clock_says(
+    quick, clock
+):
+    """The host that recorded it has a clock an hour behind the one the runs started by."""
+    clock.set(quick[-1].started_at - timedelta(hours=1))
+    operation = _record_restart()
+    assert all(r.started_at > operation.created_at for r in quick)
+    done = continue_bulk(operation.id)
+    assert (done.total, done.done, done.skipped) == (2, 2, 0)
+    assert [_restarts_of(r.pk) for r in quick] == [1, 1]
+
+
+def test_a_restart_recorded_before_the_log_position_existed_compares_the_clocks(quick, clock):
+    """An operation recorded before migration 0018 has no position: the runs
+    started by the clock after it was recorded (its own restarts among them)
+    are left, as that version did."""
+    operation = _record_restart()
+    BulkOperation.objects.filter(pk=operation.pk).update(log_position=None)
+    clock.advance(seconds=1)
+    late = start_workflow("quick")
+    done = continue_bulk(operation.id)
+    assert (done.log_position, done.total, done.done, done.skipped) == (None, 2, 2, 0)
+    assert [_restarts_of(r.pk) for r in quick] == [1, 1]
+    assert _restarts_of(late.pk) == 0
+    assert Event.objects.filter(type=RESTARTED).count() == 2
 
 
 class _Crash(Exception):

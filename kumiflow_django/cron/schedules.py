@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max
 
 from kumiflow_django.conf import settings
 from kumiflow_django.cron.occurrences import next_occurrence, occurrences
@@ -198,7 +197,7 @@ def _start(schedule: CronSchedule, occurrence: datetime, manual: bool = False) -
     when = isoformat(occurrence)
     data = {"scheduled_for": when}
     trigger = TriggerEvent(type="cron", payload=data, tenant_id=schedule.tenant_id)
-    since = Event.objects.aggregate(m=Max("position"))["m"] or 0
+    since = Event.objects.last_position()
     run = start_run(
         workflow,
         trigger=trigger,

@@ -25,7 +25,11 @@ and a definition, kept on the operation and passed to ``refuse_restart`` and
 ``restart_run``. A restart leaves the old run as it was and starts a new one,
 so it takes only the runs started before the operation was recorded: the
 new runs it starts (which may match the filter, and whose ids are random)
-are never restarted again by the same operation.
+are never restarted again by the same operation. "Before" is read in the
+log, not by a clock: the operation keeps the log's last position when it is
+recorded (``log_position``), and a run started after it looked for its
+events after that position (its ``since_position``), whatever the clocks of
+the host that recorded the operation and of the one that continues it say.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from kumiflow_django.store.errors import (
     KumiflowError,
     OperationConflict,
 )
-from kumiflow_django.store.models import EngineManager
+from kumiflow_django.store.models import EngineManager, Event
 from kumiflow_django.store.telemetry import get_logger
 
 logger = get_logger("kumiflow_django.engine.bulk")
@@ -132,6 +136,9 @@ class BulkOperation(models.Model):
     definition = models.CharField(_("definition"), max_length=10, blank=True, default="")
     #: The last run id done (runs are taken in primary-key order after it).
     cursor = models.UUIDField(_("cursor"), null=True, blank=True)
+    #: The log's last position when it was recorded: a restart takes the runs
+    #: started before it (NULL: recorded before 0018, by ``created_at``).
+    log_position = models.BigIntegerField(_("log position"), null=True, blank=True)
     #: The matching runs when it was recorded (the pre-flight count).
     total = models.PositiveIntegerField(_("matching runs"), default=0)
     done = models.PositiveIntegerField(_("runs done"), default=0)
@@ -314,6 +321,7 @@ def bulk_runs(
         by=by,
         batch_size=batch_size,
         **options,
+        log_position=Event.objects.last_position(),
         total=matching(clean).count(),
         created_at=now,
         updated_at=now,
@@ -368,7 +376,7 @@ def _batch(operation_id: uuid.UUID, lease_seconds: float) -> tuple[BulkOperation
             return operation, False
         runs = matching(operation.filters)
         if operation.action in STEP_ACTIONS:  # never the runs its restarts started
-            runs = runs.filter(started_at__lte=operation.created_at)
+            runs = runs.filter(_started_before(operation))
         else:
             runs = runs.only(*_REFUSE_COLUMNS)
         if operation.cursor is not None:
@@ -391,6 +399,20 @@ def _batch(operation_id: uuid.UUID, lease_seconds: float) -> tuple[BulkOperation
                 _finish(operation, clock.now())
                 return operation, False
     return operation, operation.status != BulkStatus.DONE
+
+
+def _started_before(operation: BulkOperation) -> Q:
+    """The runs started before ``operation`` was recorded, by the log: a run
+    looks for its events after the last position its start saw (``since``),
+    which is below the operation's position if the run-started event was in
+    the log then, and at or above it if the run started after. (A debounced
+    run's ``since`` moves on with each debounce: one debounced after the
+    operation was recorded counts as started then; it was not finished then,
+    so no restart would have taken it.) An operation recorded before
+    ``log_position`` existed compares the clocks, as it did."""
+    if operation.log_position is None:
+        return Q(started_at__lte=operation.created_at)
+    return Q(since_position__lt=operation.log_position)
 
 
 def _run_one(

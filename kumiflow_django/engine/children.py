@@ -30,7 +30,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Max, QuerySet
+from django.db.models import QuerySet
 
 from kumiflow_django.definition import matching
 from kumiflow_django.definition.context import Cancellation, ChildRequest, TriggerEvent
@@ -90,7 +90,7 @@ def started(
     ended already (a key found one that had; an inline child that ran to its
     end in its first segment), for the parent's state."""
     settled: dict[str, dict[str, Any]] = {}
-    since = Event.objects.aggregate(m=Max("position"))["m"] or 0
+    since = Event.objects.last_position()
     depth = (parent.depth or 0) + 1
     due: datetime | None = None
     remembered: set[str] = set()

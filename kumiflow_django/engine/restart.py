@@ -42,8 +42,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from django.db.models import Max
-
 from kumiflow_django.conf import settings
 from kumiflow_django.definition.context import STATE_KEYS, Trigger, TriggerEvent, new_state
 from kumiflow_django.definition.registry import registry
@@ -688,7 +686,7 @@ def restart_run(
         segment = Segment(old.id, old.tenant_id, old)
         segment.add(ev.RUN_RESTARTED, audited(marker, by, reason), created_by=by)
         segment.write()
-        since = Event.objects.aggregate(m=Max("position"))["m"] or 0
+        since = Event.objects.last_position()
         new = start_run(
             workflow,
             trigger=trigger,

@@ -11,8 +11,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.db.models import Max
-
 from kumiflow_django.definition.context import Trigger, TriggerEvent
 from kumiflow_django.definition.durations import isoformat, parse_duration
 from kumiflow_django.definition.flow import resolve_key
@@ -78,7 +76,7 @@ def start_workflow(
                 f"{type(exc).__name__}: {exc}"
             ) from exc
     with db.atomic():
-        since = Event.objects.aggregate(m=Max("position"))["m"] or 0
+        since = Event.objects.last_position()
         return start_run(
             workflow,
             trigger=trigger,

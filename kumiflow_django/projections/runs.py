@@ -26,6 +26,7 @@ from kumiflow_django.projections.stream import Stream
 from kumiflow_django.store import limits
 from kumiflow_django.store import names as ev
 from kumiflow_django.store import payloads as pl
+from kumiflow_django.store.indexes import SetIndex
 from kumiflow_django.store.models import EngineManager, Event
 
 
@@ -226,8 +227,10 @@ class WorkflowRun(models.Model):
             models.Index(fields=["-started_at"], name="kumiflow_run_started_idx"),
             models.Index(fields=["workflow", "status"], name="kumiflow_run_workflow_idx"),
             models.Index(fields=["status", "-started_at"], name="kumiflow_run_status_idx"),
-            # A run's children (the admin's list, cancel cascades).
-            models.Index(fields=["parent_id"], name="kumiflow_run_parent_idx"),
+            # A run's children (the admin's list, cancel cascades): only the
+            # rows of child runs (most runs have no parent), so that SQLite's
+            # planner keeps to it after ANALYZE (store.indexes.SetIndex).
+            SetIndex(fields=["parent_id"], name="kumiflow_run_child_idx"),
             # Flow control: a key's active runs (counted under the key's lock)
             # and its parked ones; a debounced run of a key.
             models.Index(fields=["flow_key", "flow_scope", "status"], name="kumiflow_run_flow_idx"),

@@ -100,6 +100,12 @@ class EventQuerySet(models.QuerySet["Event", "Event"]):
             condition |= models.Q(tenant_id=tenant, stream_id__in=ids)
         return self.filter(condition)
 
+    def last_position(self) -> int:
+        """The highest position of these events (0 if none): of the whole
+        log, where what happens next begins (a run's ``since``, a bulk
+        operation's ``log_position``), by the log's order, not by a clock."""
+        return int(self.aggregate(m=models.Max("position"))["m"] or 0)
+
 
 class Event(models.Model):
     """One event: a fact that happened, in a stream, at a version."""
