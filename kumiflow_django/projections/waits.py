@@ -22,7 +22,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.projections.runs import RunStatus, WorkflowRun
-from kumiflow_django.store import limits, sql
+from kumiflow_django.store import db, limits, sql
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import EngineManager, Event
 
@@ -120,12 +120,12 @@ def sync(run_id: uuid.UUID, tenant: str, waits: Iterable[dict[str, Any]], *, had
     wanted = {_key(w): w for w in waits}
     if not wanted:  # the run waits no more (resumed, ended): one statement
         if had:
-            RunWait.objects.filter(run_id=run_id).delete()
+            _delete_all(run_id)
         return
     existing: dict[Key, int] = {}
     if had and all(key[0] == ROOT for key in wanted):
         # Its own wait after another (sequential waits): replaced, two statements.
-        RunWait.objects.filter(run_id=run_id).delete()
+        _delete_all(run_id)
     elif had:
         for row in RunWait.objects.filter(run_id=run_id).values(
             "id", "branch", "event_type", "correlation_key", "after", "gaps"
@@ -150,6 +150,12 @@ def sync(run_id: uuid.UUID, tenant: str, waits: Iterable[dict[str, Any]], *, had
     ]
     if new:
         RunWait.objects.bulk_create(new)
+
+
+def _delete_all(run_id: uuid.UUID) -> None:
+    """Delete the run's rows in one built statement (no row refers to a wait:
+    the ORM's delete would build its query each time, and collect first)."""
+    sql.delete(RunWait, using=db.alias(), run_id=run_id)
 
 
 def own_waits(runs: Iterable[WorkflowRun]) -> dict[uuid.UUID, RunWait]:
