@@ -240,3 +240,26 @@ def test_a_lock_by_key_outside_a_transaction_is_refused_as_the_orm_refuses_it():
     with transaction.atomic():
         assert rowsql.by_pk(WorkflowRun, key, lock=True) == []
         assert rowsql.lock_by_pk(WorkflowRun, key) == []
+
+
+def test_the_built_delete_removes_the_rows_the_filter_names_in_one_statement(registry):
+    """A run's waits are deleted by a statement built once: those of the run
+    (its UUID adapted as the ORM adapts it), no other run's."""
+    from kumiflow_django.models import RunWait
+
+    define_workflow(
+        "waiter",
+        trigger=on_event("w.go"),
+        steps=[
+            s.wait_for_event("w.reply", match={"payload.k": lambda ctx: ctx.event.payload["k"]})
+        ],
+    )
+    for k in (1, 2):
+        append_event(f"go-{k}", "w.go", {"k": k})
+    first, second = WorkflowRun.objects.order_by("started_at", "id")
+    assert RunWait.objects.count() == 2
+    with CaptureQueriesContext(connection) as queries:
+        assert rowsql.delete(RunWait, using=db.alias(), run_id=first.id) == 1
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["DELETE"]
+    assert list(RunWait.objects.values_list("run_id", flat=True)) == [second.id]
+    assert rowsql.delete(RunWait, using=db.alias(), run_id=first.id) == 0

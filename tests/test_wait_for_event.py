@@ -192,3 +192,79 @@ def test_a_match_on_several_fields(registry):
     assert only_run().status == RunStatus.WAITING_EVENT
     append_event("r2", "reply", {"a": 1}, metadata={"channel": "mail"})
     assert only_run().status == RunStatus.COMPLETED
+
+
+def _as_seen(event):
+    return {
+        "position": event.position,
+        "event_id": str(event.event_id),
+        "tenant_id": event.tenant_id,
+        "stream_type": event.stream_type,
+        "stream_id": event.stream_id,
+        "version": event.version,
+        "type": event.type,
+        "payload": event.payload,
+        "metadata": event.metadata,
+        "created_at": event.created_at.isoformat(),
+        "created_by": event.created_by,
+    }
+
+
+@pytest.mark.parametrize("tenant", ["default", "acme"])
+def test_each_run_an_event_wakes_reads_its_own_trigger_after_the_wake(registry, tenant):
+    """The wake-up's look-up reads each run's trigger event with its waits
+    (the segment reads it in no statement of its own): every column of it,
+    each run its own."""
+    from kumiflow_django.models import Event
+
+    define_workflow(
+        "grouped",
+        trigger=on_event("order.placed"),
+        steps=[
+            s.wait_for_event(
+                "group.closed", match={"payload.group": lambda ctx: ctx.event.payload["group"]}
+            ),
+            s.return_(lambda ctx: _as_seen(ctx.event)),
+        ],
+    )
+    placed = [
+        append_event(
+            f"order-{n}",
+            "order.placed",
+            {"group": "g", "n": n, "items": [n, {"deep": n}]},
+            metadata={"channel": f"web-{n}"},
+            tenant=tenant,
+        )
+        for n in (1, 2)
+    ]
+    append_event("g", "group.closed", {"group": "g"}, tenant=tenant)
+    runs = {r.trigger_position: r for r in WorkflowRun.objects.filter(tenant_id=tenant)}
+    for event in placed:
+        run = runs[event.position]
+        assert run.status == RunStatus.COMPLETED
+        assert run.result == _as_seen(Event.objects.get(position=event.position))
+
+
+def test_a_run_whose_trigger_was_erased_fails_when_its_event_wakes_it(order_workflow):
+    from kumiflow_django import erase_stream
+
+    run = place(42)
+    assert erase_stream("order-42") == 1
+    append_event("pay-1", "payment.received", {"order_id": 42})
+    run.refresh_from_db()
+    assert (run.status, run.reason) == (RunStatus.FAILED, "trigger_event_unavailable")
+    assert not RunWait.objects.filter(run_id=run.id).exists()
+
+
+def test_a_trigger_read_for_another_position_is_not_taken(order_workflow):
+    """A run whose trigger moved since the look-up read it reads its own."""
+    from kumiflow_django.engine.resuming import _trigger
+    from kumiflow_django.models import Event
+    from kumiflow_django.projections.waits import TriggerRead
+
+    run, other = place(42), place(43)
+    stale = TriggerRead(other.trigger_position, Event.objects.get(position=other.trigger_position))
+    assert _trigger(run, stale).position == run.trigger_position
+    assert _trigger(run, TriggerRead(other.trigger_position, None)).position == (
+        run.trigger_position
+    )

@@ -150,13 +150,16 @@ def _admitted(run: WorkflowRun, recovered: pl.Recovered | None) -> Prepared:
     return opening(run, None, recovered, workflow=workflow, unwritten=unwritten)
 
 
-def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
-    """Continue a run the caller has locked and checked (an awaited event woke it)."""
+def resume_locked(
+    run: WorkflowRun, wake: Wake, trigger: waits.TriggerRead | None = None
+) -> WorkflowRun | None:
+    """Continue a run the caller has locked and checked (an awaited event woke it).
+    ``trigger``: its trigger as the wake-up's look-up read it."""
     if not _served_here(run):
         if wake.event is not None:
             _match(run, wake.event)
         return None
-    updated = execute(lambda: opening(run, wake))
+    updated = execute(lambda: opening(run, wake, read=trigger))
     if updated is not None:
         after_segment(updated)
     return updated
@@ -257,10 +260,15 @@ def _definition(run: WorkflowRun) -> Definition | Failure:
     return Definition(decision.workflow, decision.switched(deploys.RunFacts.of(run)))
 
 
-def _trigger(run: WorkflowRun) -> Trigger:
+def _trigger(run: WorkflowRun, read: waits.TriggerRead | None = None) -> Trigger:
+    """The run's trigger; ``read``: as the wake-up's look-up read it, taken
+    if the run still has that trigger (a debounce may have moved it since)."""
     if run.trigger_position is None:
         return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
-    event = sql.select_one(Event, position=run.trigger_position, tenant_id=run.tenant_id)
+    if read is not None and read.position == run.trigger_position:
+        event = read.event
+    else:
+        event = sql.select_one(Event, position=run.trigger_position, tenant_id=run.tenant_id)
     if event is None:
         raise Failure(
             ev.TRIGGER_UNAVAILABLE,
@@ -299,9 +307,11 @@ def opening(
     *,
     workflow: Workflow | None = None,
     unwritten: Unwritten | None = None,
+    read: waits.TriggerRead | None = None,
 ) -> Opening:
     """The segment that continues a locked, suspended run (or records why it
-    cannot). ``workflow``: the definition an admitted queued run starts on."""
+    cannot). ``workflow``: the definition an admitted queued run starts on;
+    ``read``: the run's trigger as the wake-up's look-up read it."""
     found = Definition(workflow) if workflow is not None else _definition(run)
     if isinstance(found, Failure):  # nothing runs: no step.resumed
         return Opening(run.id, run.tenant_id, run, first=[], failure=found)
@@ -349,7 +359,7 @@ def opening(
         failure = Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}")
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     try:
-        trigger = _trigger(run)
+        trigger = _trigger(run, read)
         actual = _wake(run, wake)
     except Failure as failure:
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
@@ -435,20 +445,31 @@ def is_awaited(event_type: str) -> bool:
 
 class _Found:
     """A waiting run as the wake-up's look-up read it: where it is in the lock
-    order, its version then, and its waits for the event."""
+    order, its version then, its waits for the event and its trigger."""
 
-    def __init__(self, depth: int, parent: uuid.UUID | None, parent_waits: bool, version: int):
+    def __init__(
+        self,
+        depth: int,
+        parent: uuid.UUID | None,
+        parent_waits: bool,
+        version: int,
+        trigger: waits.TriggerRead,
+    ):
         self.order = lock_order.Placed(depth, parent, parent_waits)
         self.version = version
+        self.trigger = trigger
         self.waits: list[tuple[str, Any, int, Any]] = []
 
 
 def _found(awaited: waits.Awaited) -> dict[uuid.UUID, _Found]:
     """The look-up's one statement: the waits, with what the lock order needs
-    of their runs and their versions."""
+    of their runs, their versions and their triggers."""
     found: dict[uuid.UUID, _Found] = {}
-    for run_id, depth, parent, parent_waits, version, *wait in waits.awaiting(awaited):
-        entry = found.setdefault(run_id, _Found(depth, parent, parent_waits, version))
+    rows = waits.awaiting(awaited, trigger=True)
+    for run_id, depth, parent, parent_waits, version, *wait, trigger in rows:
+        entry = found.get(run_id)
+        if entry is None:
+            entry = found[run_id] = _Found(depth, parent, parent_waits, version, trigger)
         entry.waits.append((wait[0], wait[1], wait[2], wait[3]))
     return found
 
@@ -481,7 +502,7 @@ def wake_waiters(event: Event) -> None:
                         if held(run):
                             mark_matched(run.id, event)
                         else:
-                            _wake_inline(run, event)
+                            _wake_inline(run, event, entry.trigger)
         else:
             for run_id in waiting_for(event):
                 mark_matched(run_id, event)
@@ -491,7 +512,7 @@ def wake_waiters(event: Event) -> None:
         db.on_commit(partial(_recheck_event, event))
 
 
-def _wake_inline(run: WorkflowRun, event: Event) -> None:
+def _wake_inline(run: WorkflowRun, event: Event, trigger: waits.TriggerRead) -> None:
     """Resume a waiting run in the appending transaction; never fail the append.
 
     A refused segment is recorded by the runner; if even that is refused, the
@@ -499,7 +520,7 @@ def _wake_inline(run: WorkflowRun, event: Event) -> None:
     and the appender's transaction goes on.
     """
     try:
-        resume_locked(run, Wake(WakeReason.EVENT, event))
+        resume_locked(run, Wake(WakeReason.EVENT, event), trigger)
     except Exception as exc:
         if is_transient(exc):
             raise

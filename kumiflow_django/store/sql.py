@@ -388,3 +388,29 @@ def lock_by_pk(model: type[Model], pks: Collection[Any], *, skip_locked: bool = 
     sql, fields = _by_pk_sql(model, using, len(pks), False, True, skip_locked)
     rows = fetch(sql, [prep(fields[0], key, using) for key in pks], fields, using=using)
     return [row[0] for row in rows]
+
+
+# -- Deleting rows -----------------------------------------------------------
+
+
+@functools.cache
+def _delete_sql(
+    model: type[Model], using: str, where: tuple[str, ...]
+) -> tuple[str, tuple[Any, ...]]:
+    meta = model._meta
+    fields = tuple(meta.get_field(name) for name in where)
+    conditions = " AND ".join(f"{column(f, using)} = %s" for f in fields)  # type: ignore[arg-type]
+    # Table and column names come from the model, quoted; values are parameters.
+    return f"DELETE FROM {table(model, using)} WHERE {conditions}", fields  # noqa: S608
+
+
+def delete(model: type[Model], *, using: str, **where: Any) -> int:
+    """DELETE the rows whose columns (attnames) have these values, in one
+    statement; return how many. For a model no row refers to and no signal
+    watches (a projection's rows): the ORM's ``filter().delete()`` collects
+    first, and builds its query each time."""
+    sql, fields = _delete_sql(model, using, tuple(where))
+    params = [prep(f, value, using) for f, value in zip(fields, where.values(), strict=True)]
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
