@@ -131,8 +131,9 @@ def test_an_event_that_wakes_a_waiting_run_costs_what_it_did(registry):
 # lowers it, and say so in docs/performance.md.
 
 BUDGETS: dict[str, dict[str, int]] = {
-    # Appending the trigger of a five-step workflow that runs to its end.
-    "straight-through": {"sqlite": 10, "postgresql": 10, "mysql": 10},  # 10/10/10 before
+    # Appending the trigger of a five-step workflow that runs to its end. The
+    # trigger's INSERT reads the stream's head itself (MariaDB reads it first).
+    "straight-through": {"sqlite": 9, "postgresql": 9, "mysql": 10},  # 10/10/10 before
     # The resume loop's pass that claims a run whose timer is due and runs
     # its segment to the run's end (the claim, the lease, the segment).
     "timer": {"sqlite": 17, "postgresql": 19, "mysql": 17},  # 17/19/17 before

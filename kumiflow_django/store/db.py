@@ -195,6 +195,16 @@ def supports_on_conflict(using: Using = None) -> bool:
     return _vendor(using) != "mysql"
 
 
+def reads_head_in_insert(using: Using = None) -> bool:
+    """Whether an append reads its stream's head inside its INSERT (one
+    statement, ``sql.insert_after_head``): PostgreSQL and SQLite read it from
+    the statement's snapshot and return the new rows. Not MariaDB: InnoDB takes
+    shared locks on the rows an ``INSERT ... SELECT`` reads, which concurrent
+    appends to one stream would then deadlock on; it reads the head first."""
+    connection = _connection(using)
+    return connection.vendor != "mysql" and connection.features.can_return_rows_from_bulk_insert
+
+
 def explicit_ids_leave_sequence_behind(using: Using = None) -> bool:
     """Whether inserting a row with its own id leaves the id sequence where it
     was (PostgreSQL); MariaDB's and SQLite's counters move past it by themselves."""
