@@ -1,4 +1,4 @@
-"""Starting a straight-through workflow costs at most 4 round trips beyond the
+"""Starting a straight-through workflow costs at most 3 round trips beyond the
 trigger event's own append (and the process reads its paused scopes at most
 once a second, whatever the number of starts)."""
 
@@ -46,7 +46,7 @@ def append_each(event_type: str) -> int:
 
 
 @override_settings(KUMIFLOW_SSE_LISTEN=False)  # the live streams' NOTIFY is their own cost
-def test_1000_five_step_workflows_take_at_most_4_round_trips_each(registry):
+def test_1000_five_step_workflows_take_at_most_3_round_trips_each(registry):
     define_workflow(
         "five-steps",
         trigger=on_event("order.placed"),
@@ -59,7 +59,8 @@ def test_1000_five_step_workflows_take_at_most_4_round_trips_each(registry):
 
     assert WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() == N + 1
     per_workflow = (with_workflows - baseline) / N
-    assert per_workflow <= 4, f"{per_workflow} round trips per workflow"
+    # its savepoint, its two INSERTs; its RELEASE is the append's (db.atomic)
+    assert per_workflow <= 3, f"{per_workflow} round trips per workflow"
     # the paused scopes: one read per START_CACHE_SECONDS at most, not one per start
     assert SCOPE_READS["n"] <= SCOPE_READS["seconds"] + 2, SCOPE_READS
 
@@ -132,8 +133,9 @@ def test_an_event_that_wakes_a_waiting_run_costs_what_it_did(registry):
 
 BUDGETS: dict[str, dict[str, int]] = {
     # Appending the trigger of a five-step workflow that runs to its end. The
-    # trigger's INSERT reads the stream's head itself (MariaDB reads it first).
-    "straight-through": {"sqlite": 9, "postgresql": 9, "mysql": 10},  # 10/10/10 before
+    # trigger's INSERT reads the stream's head itself (MariaDB reads it first);
+    # the segment's savepoint is released by the append's RELEASE.
+    "straight-through": {"sqlite": 8, "postgresql": 8, "mysql": 9},  # 10/10/10 before
     # The resume loop's pass that claims a run whose timer is due and runs
     # its segment to the run's end (the claim, the lease, the segment).
     "timer": {"sqlite": 17, "postgresql": 19, "mysql": 17},  # 17/19/17 before
@@ -142,7 +144,8 @@ BUDGETS: dict[str, dict[str, int]] = {
     # a read in the look-up misses a pause committed before the lock). On the
     # servers the last is the look-up again after the commit (a run that
     # began waiting meanwhile is found).
-    "event-wake": {"sqlite": 16, "postgresql": 18, "mysql": 18},
+    # 16/18/18 before the head read in the INSERT and the RELEASE left to the append.
+    "event-wake": {"sqlite": 14, "postgresql": 16, "mysql": 17},
     # Recording a task's outcome; its run resumes and completes.
     "task": {"sqlite": 17, "postgresql": 18, "mysql": 17},  # its wake as event-wake
     # The resume loop's pass in which a child's timer ends it and its end

@@ -296,8 +296,9 @@ def _append_once(
     """One attempt. The first reads the stream's head inside its INSERT where
     the database can (``db.reads_head_in_insert``: one statement); a retry, and
     MariaDB, read it first, a retry with a lock (the winner's row, also under
-    REPEATABLE READ)."""
-    with db.atomic():
+    REPEATABLE READ). The runs its receivers start or wake leave their
+    savepoints' RELEASE to the append's (``db.atomic``)."""
+    with db.atomic(takes_nested=True):
         fused = not retrying and db.reads_head_in_insert()
         current = 0
         if not fused:
