@@ -8,7 +8,8 @@ import uuid
 from decimal import Decimal
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from kumiflow_django import (
     ImmutableEvent,
@@ -24,6 +25,7 @@ from kumiflow_django import (
     stream_version,
 )
 from kumiflow_django.models import Event
+from kumiflow_django.store import db
 from tests.factories import EventFactory
 
 pytestmark = pytest.mark.django_db
@@ -78,6 +80,29 @@ def test_stale_expected_version_is_refused_and_writes_nothing():
     assert info.value.expected_version == 0
     assert info.value.actual_version == 1
     assert [e.type for e in load_stream("acc-1")] == ["account.opened"]
+
+
+def test_an_expected_version_beyond_the_head_is_refused_and_leaves_no_gap():
+    append_event("acc-4", "account.opened")
+
+    with pytest.raises(VersionConflict) as info:
+        append_event("acc-4", "account.credited", expected_version=3)
+
+    assert (info.value.expected_version, info.value.actual_version) == (3, 1)
+    assert [e.version for e in load_stream("acc-4")] == [1]
+
+
+def test_the_first_attempt_reads_the_head_inside_its_insert_where_the_database_can():
+    append_event("acc-5", "account.opened")
+    with CaptureQueriesContext(connection) as queries:
+        saved = append_events("acc-5", [NewEvent("account.credited"), NewEvent("account.closed")])
+
+    sent = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith(("SAVE", "REL"))]
+    reads = [q for q in sent if q.startswith("SELECT")]
+    assert len(reads) == (0 if db.reads_head_in_insert() else 1), sent
+    assert [(e.version, e.type) for e in saved] == [(2, "account.credited"), (3, "account.closed")]
+    assert [e.position for e in saved] == [e.position for e in load_stream("acc-5")][1:]
+    assert saved[0].position < saved[1].position
 
 
 def test_expected_version_matching_the_head_appends():

@@ -18,7 +18,7 @@ from tests.races import wait_until_blocked_or_done
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _race(stream_id: str, expected: int, *, hold: bool) -> list[str]:
+def _race(stream_id: str, expected: int | None, *, hold: bool) -> list[str]:
     """Two threads append at ``expected``; with ``hold`` the first to insert waits."""
     barrier = threading.Barrier(2)
     outcomes: list[str] = []
@@ -79,3 +79,13 @@ def test_two_concurrent_writers_one_success_one_conflict(hold):
 def test_concurrent_creation_of_a_new_stream():
     assert _race("fresh-1", expected=0, hold=True) == ["conflict", "ok"]
     assert [e.version for e in load_stream("fresh-1")] == [1]
+
+
+@pytest.mark.server_db
+def test_a_writer_without_expected_version_that_meets_another_goes_after_it():
+    """The first attempt reads the head inside its INSERT (where the database
+    can); meeting the held writer's row, it reads the head again and lands
+    after it: both succeed, one after the other, without a gap."""
+    append_event("queue-1", "job.queued")
+    assert _race("queue-1", expected=None, hold=True) == ["ok", "ok"]
+    assert [e.version for e in load_stream("queue-1")] == [1, 2, 3]

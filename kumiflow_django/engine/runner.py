@@ -68,7 +68,8 @@ def execute(prepare: Callable[[], Prepared]) -> WorkflowRun | None:
 def _execute(prepare: Callable[[], Prepared], watch: observed.Watch) -> WorkflowRun | None:
     opening: Opening | None = None
     try:
-        with db.atomic():
+        # Its RELEASE is left to an append's or a start's block it is directly in.
+        with db.atomic(leaves_release=True):
             prepared = prepare()
             if not isinstance(prepared, Opening):
                 return prepared

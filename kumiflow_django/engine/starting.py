@@ -75,7 +75,7 @@ def start_workflow(
                 f"the idempotency key of {name!r} cannot be resolved from the payload: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-    with db.atomic():
+    with db.atomic(takes_nested=True):  # the run's savepoint is released with this one
         since = Event.objects.last_position()
         return start_run(
             workflow,

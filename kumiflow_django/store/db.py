@@ -36,6 +36,7 @@ transactions take their locks is in docs/architecture.md ("Lock order").
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import random
 import time
@@ -66,17 +67,84 @@ def connection() -> BaseDatabaseWrapper:
 
 
 @contextmanager
-def atomic(*, savepoint: bool = True) -> Iterator[None]:
+def atomic(
+    *, savepoint: bool = True, takes_nested: bool = False, leaves_release: bool = False
+) -> Iterator[None]:
     """``transaction.atomic`` on kumiflow-django's database. A transaction the
     engine opens itself (not a block inside the caller's) gets bounded waits
     (:func:`bound_waits`), so a worker that is cut off mid-transaction cannot
-    hold its locks for longer than those bounds."""
+    hold its locks for longer than those bounds.
+
+    **A savepoint left to its enclosing block.** Releasing a savepoint right
+    before the enclosing block releases its own (or commits) is one statement
+    for nothing: the enclosing RELEASE releases the savepoints inside it too.
+    A block with ``leaves_release`` that succeeds leaves its RELEASE to the
+    block it is directly in, when that block ``takes_nested`` (an append, whose
+    receivers start and wake runs, and ``start_workflow``), at most
+    :data:`MAX_LEFT_TO_ENCLOSING` times per block: each savepoint left open
+    nests the next one inside it, and PostgreSQL pays for every level when it
+    releases them. A block that fails still rolls back to its own savepoint,
+    and drops the on-commit hooks registered in it, exactly as before.
+
+    Django's atomic releases the savepoint whose id is last in the
+    connection's ``savepoint_ids`` (a private attribute, unchanged since
+    Django 1.6): the id is handed over by setting it to None, what an atomic
+    block without a savepoint leaves there. Where Django no longer has it,
+    every block releases its own; tests/test_savepoints.py and the query
+    budgets (tests/test_query_budget.py) would say so."""
     conn = connection()
     owned = not conn.in_atomic_block and conn.get_autocommit()
     with transaction.atomic(using=alias(), savepoint=savepoint):
         if owned:
             bound_waits(conn)
-        yield
+        ids: list[str | None] | None = getattr(conn, "savepoint_ids", None)
+        depth = -1 if ids is None else len(ids)
+        token = _taker.set(_Taker(conn, depth)) if takes_nested and ids is not None else None
+        try:
+            yield
+        finally:
+            if token is not None:
+                _taker.reset(token)
+        if leaves_release and ids is not None:
+            _leave_release(conn, ids, depth)
+
+
+#: At most this many savepoints are left open to one enclosing block.
+MAX_LEFT_TO_ENCLOSING = 8
+
+
+class _Taker:
+    """An enclosing block that releases the savepoints left to it."""
+
+    __slots__ = ("connection", "depth", "taken")
+
+    def __init__(self, connection: BaseDatabaseWrapper, depth: int) -> None:
+        self.connection = connection
+        self.depth = depth  # the length of ``savepoint_ids`` inside it
+        self.taken = 0
+
+
+_taker: contextvars.ContextVar[_Taker | None] = contextvars.ContextVar(
+    "kumiflow_savepoint_taker", default=None
+)
+
+
+def _leave_release(conn: BaseDatabaseWrapper, ids: list[str | None], depth: int) -> None:
+    """Leave this block's savepoint (last in ``ids``) to the block it is
+    directly in, if that one takes it; else Django releases it."""
+    taker = _taker.get()
+    if (
+        taker is None
+        or taker.connection is not conn
+        or taker.depth + 1 != depth
+        or len(ids) != depth
+        or ids[-1] is None
+        or conn.needs_rollback  # Django rolls back to the savepoint: it must be there
+        or taker.taken >= MAX_LEFT_TO_ENCLOSING
+    ):
+        return
+    ids[-1] = None
+    taker.taken += 1
 
 
 def wait_bounds() -> dict[str, int]:
@@ -193,6 +261,16 @@ def runs_python_functions(using: Using = None) -> bool:
 def supports_on_conflict(using: Using = None) -> bool:
     """``INSERT … ON CONFLICT DO NOTHING`` (PostgreSQL, SQLite), else ``INSERT IGNORE``."""
     return _vendor(using) != "mysql"
+
+
+def reads_head_in_insert(using: Using = None) -> bool:
+    """Whether an append reads its stream's head inside its INSERT (one
+    statement, ``sql.insert_after_head``): PostgreSQL and SQLite read it from
+    the statement's snapshot and return the new rows. Not MariaDB: InnoDB takes
+    shared locks on the rows an ``INSERT ... SELECT`` reads, which concurrent
+    appends to one stream would then deadlock on; it reads the head first."""
+    connection = _connection(using)
+    return connection.vendor != "mysql" and connection.features.can_return_rows_from_bulk_insert
 
 
 def explicit_ids_leave_sequence_behind(using: Using = None) -> bool:

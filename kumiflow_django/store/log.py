@@ -45,6 +45,7 @@ logger = telemetry.get_logger("kumiflow_django.store.log")
 RESERVED_PREFIX = "kumiflow."
 #: Stream types of the engine's own streams (runs, dispatches, schedules).
 ENGINE_STREAM_TYPES = frozenset({ev.RUN_STREAM, ev.DISPATCH_STREAM, ev.CRON_STREAM, ev.TASK_STREAM})
+_ENGINE_TYPES = tuple(sorted(ENGINE_STREAM_TYPES))
 #: Stream ids the engine derives from names (``cron:<workflow>``): reserved.
 RESERVED_STREAM_PREFIXES = (ev.CRON_STREAM_PREFIX,)
 #: An append without ``expected_version`` that meets a concurrent writer
@@ -292,22 +293,24 @@ def _append_once(
     expected_version: int | None,
     retrying: bool,
 ) -> list[Event]:
-    with db.atomic():
-        current, head_type = _head(sid, tenant_id, lock=retrying)
-        if head_type in ENGINE_STREAM_TYPES:
-            raise InvalidEvent(
-                f"stream {sid!r} is the engine's own ({head_type}); "
-                "applications cannot append to it"
-            )
-        if expected_version is not None and expected_version != current:
-            raise VersionConflict(sid, expected_version, current)
+    """One attempt. The first reads the stream's head inside its INSERT where
+    the database can (``db.reads_head_in_insert``: one statement); a retry, and
+    MariaDB, read it first, a retry with a lock (the winner's row, also under
+    REPEATABLE READ). The runs its receivers start or wake leave their
+    savepoints' RELEASE to the append's (``db.atomic``)."""
+    with db.atomic(takes_nested=True):
+        fused = not retrying and db.reads_head_in_insert()
+        current = 0
+        if not fused:
+            current, head_type = _head(sid, tenant_id, lock=retrying)
+            _check_head(sid, head_type, expected_version, current)
         now = clock.now()
         rows = [
             Event(
                 tenant_id=tenant_id,
                 stream_type=stream_type,
                 stream_id=sid,
-                version=current + i,
+                version=current + i,  # fused: the INSERT numbers them after the head
                 type=e.type,
                 schema_version=e.schema_version,
                 payload=e.payload,
@@ -318,13 +321,46 @@ def _append_once(
             for i, e in enumerate(checked, start=1)
         ]
         try:
-            insert(rows)
+            if fused:
+                if not _insert_at_head(rows, sid, tenant_id, expected_version):
+                    # The head refused it: say why, read as a retry reads it.
+                    current, head_type = _head(sid, tenant_id)
+                    _check_head(sid, head_type, expected_version, current)
+                    raise _Clash  # the head moved between the two: another writer won
+            else:
+                insert(rows)
         except IntegrityError as exc:
             if is_version_clash(exc):
                 raise _Clash from exc
             raise
         notify(rows)
     return rows
+
+
+def _check_head(sid: str, head_type: str, expected_version: int | None, current: int) -> None:
+    """Refuse an append to an engine stream, or at a stale ``expected_version``."""
+    if head_type in ENGINE_STREAM_TYPES:
+        raise InvalidEvent(
+            f"stream {sid!r} is the engine's own ({head_type}); applications cannot append to it"
+        )
+    if expected_version is not None and expected_version != current:
+        raise VersionConflict(sid, expected_version, current)
+
+
+def _insert_at_head(
+    rows: list[Event], sid: str, tenant_id: str, expected_version: int | None
+) -> bool:
+    """Insert ``rows`` after the stream's head, read by the INSERT itself;
+    False when the head is an engine stream's or not at ``expected_version``."""
+    return rowsql.insert_after_head(
+        Event,
+        rows,
+        using=db.alias(),
+        counter="version",
+        group={"tenant_id": tenant_id, "stream_id": sid},
+        refused=("stream_type", _ENGINE_TYPES),
+        expected=expected_version,
+    )
 
 
 def insert(rows: Sequence[Event], using: str | None = None) -> None:

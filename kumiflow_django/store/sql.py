@@ -90,14 +90,7 @@ def insert(model: type[Model], objs: Sequence[Model], *, using: str, return_pk: 
     sql, fields, plain = _insert_sql(model, using, len(objs), return_pk)
     params: list[Any] = []
     for obj in objs:
-        values = obj.__dict__
-        for f, kind in zip(fields, plain, strict=True):
-            if kind is not None:
-                value = values[f.attname] if f.attname in values else getattr(obj, f.attname)
-                if value is None or type(value) is kind:
-                    params.append(value)
-                    continue
-            params.append(f.get_db_prep_save(f.pre_save(obj, True), connection))
+        params += _save_params(obj, fields, plain, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if return_pk:
@@ -414,3 +407,123 @@ def delete(model: type[Model], *, using: str, **where: Any) -> int:
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+# -- Rows numbered after the head of their group ----------------------------
+
+
+@functools.cache
+def _insert_after_head_sql(
+    model: type[Model],
+    using: str,
+    rows: int,
+    counter: str,
+    group: tuple[str, ...],
+    refused: tuple[str, int],
+    expected: bool,
+) -> tuple[str, tuple[Field[Any, Any], ...], tuple[type | None, ...]]:
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    meta = model._meta
+    pk = meta.pk
+    assert pk is not None
+    numbered = meta.get_field(counter)
+    fields = tuple(f for f in meta.concrete_fields if f is not pk and f is not numbered)
+    table_name = qn(meta.db_table)
+    counter_column = qn(_column(numbered))  # type: ignore[arg-type]
+    in_group = " AND ".join(f"{qn(_column(meta.get_field(c)))} = %s" for c in group)  # type: ignore[arg-type]
+    refused_column = qn(_column(meta.get_field(refused[0])))  # type: ignore[arg-type]
+    refused_values = ", ".join(["%s"] * refused[1])
+    # The head's row (by the unique key of the group and its counter) must not
+    # be of a refused kind; with ``expected``, the head must be where it is said.
+    guard = (
+        f"NOT EXISTS (SELECT 1 FROM {table_name} WHERE {in_group}"  # noqa: S608 - quoted names
+        f" AND {counter_column} = m.v AND {refused_column} IN ({refused_values}))"
+    )
+    if expected:
+        guard += " AND m.v = %s"
+    head = (
+        f"SELECT m.v AS v FROM (SELECT COALESCE(MAX({counter_column}), 0) AS v"  # noqa: S608
+        f" FROM {table_name} WHERE {in_group}) m WHERE {guard}"
+    )
+    columns = ", ".join([*(qn(_column(f)) for f in fields), counter_column])
+    values = ", ".join(["%s"] * len(fields))
+    selects = " UNION ALL ".join(
+        f"SELECT {values}, h.v + {i} FROM h"  # noqa: S608 - marks and an integer
+        for i in range(1, rows + 1)
+    )
+    sql = (
+        f"WITH h AS ({head}) INSERT INTO {table_name} ({columns}) {selects}"  # noqa: S608
+        f" RETURNING {qn(_column(pk))}, {counter_column}"
+    )
+    return sql, fields, tuple(_passes_through(f, connection) for f in fields)
+
+
+def insert_after_head(
+    model: type[Model],
+    objs: Sequence[Model],
+    *,
+    using: str,
+    counter: str,
+    group: dict[str, str],
+    refused: tuple[str, Collection[str]],
+    expected: int | None = None,
+) -> bool:
+    """INSERT the objects numbered after the head of their group in one
+    statement: their ``counter`` is the group's highest (0 for an empty group)
+    plus 1, 2, ... in order, read by the INSERT itself (no read before it).
+    Nothing is inserted when the head's row has one of the ``refused`` values
+    (``(column, values)``), or, with ``expected``, when the head is not there;
+    then False. Fills in the primary keys and counters (``RETURNING``). Only
+    where ``db.reads_head_in_insert``: the head is the statement's snapshot."""
+    if not objs:
+        return True
+    connection = connections[using]
+    kinds = tuple(refused[1])
+    sql, fields, plain = _insert_after_head_sql(
+        model,
+        using,
+        len(objs),
+        counter,
+        tuple(group),
+        (refused[0], len(kinds)),
+        expected is not None,
+    )
+    params: list[Any] = [*group.values(), *group.values(), *kinds]
+    if expected is not None:
+        params.append(expected)
+    for obj in objs:
+        params += _save_params(obj, fields, plain, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        returned = sorted(cursor.fetchall(), key=lambda row: row[1])
+    if not returned:
+        return False
+    assert len(returned) == len(objs), "an INSERT ... SELECT inserts all its rows or none"
+    pk_attname = model._meta.pk.attname
+    counter_attname = model._meta.get_field(counter).attname  # type: ignore[union-attr]
+    for obj, (pk, number) in zip(objs, returned, strict=True):
+        setattr(obj, pk_attname, pk)
+        setattr(obj, counter_attname, number)
+        obj._state.adding = False
+        obj._state.db = using
+    return True
+
+
+def _save_params(
+    obj: Model,
+    fields: tuple[Field[Any, Any], ...],
+    plain: tuple[type | None, ...],
+    connection: BaseDatabaseWrapper,
+) -> list[Any]:
+    """The INSERT parameters of ``obj``'s ``fields``, as each field's own
+    ``get_db_prep_save`` gives them (a plain value passed as it is)."""
+    params: list[Any] = []
+    values = obj.__dict__
+    for f, kind in zip(fields, plain, strict=True):
+        if kind is not None:
+            value = values[f.attname] if f.attname in values else getattr(obj, f.attname)
+            if value is None or type(value) is kind:
+                params.append(value)
+                continue
+        params.append(f.get_db_prep_save(f.pre_save(obj, True), connection))
+    return params
