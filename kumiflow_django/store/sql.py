@@ -388,3 +388,12 @@ def lock_by_pk(model: type[Model], pks: Collection[Any], *, skip_locked: bool = 
     sql, fields = _by_pk_sql(model, using, len(pks), False, True, skip_locked)
     rows = fetch(sql, [prep(fields[0], key, using) for key in pks], fields, using=using)
     return [row[0] for row in rows]
+
+
+def rows(sql: str, params: Sequence[Any], *, using: str) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` (built by its caller, its names quoted, its values
+    parameters) as the driver gives them, for a caller that converts each
+    column once into what it needs (the API's run list)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return [tuple(row) for row in cursor.fetchall()]
