@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from kumiflow_django import define_workflow, start_workflow
 from kumiflow_django import steps as s
@@ -77,3 +79,36 @@ def test_a_run_without_the_optional_fields_is_what_its_model_gives(api, registry
     assert summary["workflow_version"] is None and summary["position"] is None
     expected = json_response(200, {"runs": [summary], "next_cursor": None})
     assert response.content == expected.content
+
+
+def _plan(statement: str) -> str:
+    """How the database would run ``statement``; on PostgreSQL with sorting
+    priced out, so that a sort shows only where no index gives the order."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(f"EXPLAIN QUERY PLAN {statement}")
+            return "\n".join(str(row[-1]) for row in cursor.fetchall())
+        if connection.vendor == "postgresql":
+            cursor.execute("SET enable_sort = off")
+            try:
+                cursor.execute(f"EXPLAIN {statement}")
+                return "\n".join(row[0] for row in cursor.fetchall())
+            finally:
+                cursor.execute("RESET enable_sort")
+        cursor.execute(f"EXPLAIN {statement}")
+        return "\n".join(str(row) for row in cursor.fetchall())
+
+
+def test_a_page_is_read_in_order_from_an_index_not_sorted_from_all_the_runs(api, registry):
+    """Without an index on (tenant, started, id) the list read every run of
+    the tenant and sorted them, for 50 rows (3.9 ms at 3,300 runs on SQLite)."""
+    define_workflow("many", steps=[s.compute("a", lambda ctx: 1)])
+    for n in range(30):
+        start_workflow("many", payload={"n": n})
+    with CaptureQueriesContext(connection) as queries:
+        page = api.get(f"{API}runs/", {"limit": 5})
+    assert len(page.json()["runs"]) == 5
+    (statement,) = [q["sql"] for q in queries.captured_queries if "ORDER BY" in q["sql"]]
+    plan = _plan(statement)
+    assert "kumiflow_run_tenant_idx" in plan, plan
+    assert not any(sort in plan for sort in ("TEMP B-TREE", "Sort", "filesort")), plan
