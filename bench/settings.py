@@ -15,3 +15,7 @@ KUMIFLOW_TRACING = KUMIFLOW_METRICS = os.environ.get("BENCH_OBSERVED") == "1"
 DATABASES.pop("workflows", None)  # noqa: F405
 # W14's floor views next to the testproject's URLs (bench/urls.py).
 ROOT_URLCONF = "bench.urls"
+# W14's WSGI server (bench/wsgi.py) keeps each thread's connection this long;
+# under ASGI each request's thread is new, and so is its connection.
+if os.environ.get("BENCH_CONN_MAX_AGE"):
+    DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ["BENCH_CONN_MAX_AGE"])  # noqa: F405

@@ -240,6 +240,11 @@ class WorkflowRun(models.Model):
             # The run list filtered by workflow, newest first, a page at a time
             # (whatever the number of the workflow's runs).
             models.Index(fields=["workflow", "-started_at"], name="kumiflow_run_wf_started_idx"),
+            # The API's run list: a tenant's runs newest first, a page at a
+            # time (without it every run of the tenant was read and sorted).
+            models.Index(
+                fields=["tenant_id", "-started_at", "-id"], name="kumiflow_run_tenant_idx"
+            ),
             # The console's overview: completions and failures per minute.
             models.Index(fields=["status", "finished_at"], name="kumiflow_run_finished_idx"),
             # The console's search by idempotency key prefix (LIKE 'k%' on

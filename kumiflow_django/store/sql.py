@@ -408,6 +408,7 @@ def delete(model: type[Model], *, using: str, **where: Any) -> int:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
 
+
 # -- Rows numbered after the head of their group ----------------------------
 
 
@@ -527,3 +528,12 @@ def _save_params(
                 continue
         params.append(f.get_db_prep_save(f.pre_save(obj, True), connection))
     return params
+
+
+def rows(sql: str, params: Sequence[Any], *, using: str) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` (built by its caller, its names quoted, its values
+    parameters) as the driver gives them, for a caller that converts each
+    column once into what it needs (the API's run list)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return [tuple(row) for row in cursor.fetchall()]
