@@ -34,6 +34,7 @@ from kumiflow_django import steps as s
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.http.tokens import API_PERMISSIONS, create_token
 from kumiflow_django.models import Event, RunStatus, StepTask, TaskStatus, WorkflowRun
+from kumiflow_django.projections import lock_order
 from kumiflow_django.store import db
 from kumiflow_django.store import names as ev
 from kumiflow_django.tasks import attempts
@@ -347,6 +348,37 @@ def test_the_end_of_a_child_locks_its_parent_first(family):
     assert run_locks(taken)[:2] == [str(parent.pk), str(child.pk)]
     assert_in_lock_order(taken)
     assert WorkflowRun.objects.get(pk=child.pk).status == RunStatus.COMPLETED
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_the_resume_loop_locks_a_due_childs_parent_first_from_its_lease(family, monkeypatch):
+    """The loop's lease reads where the child is in the lock order and its
+    resume locks by that reading: the waiting parent still comes first."""
+    from kumiflow_django.workers.resume import ResumeLoop
+
+    parent, child = family
+    taken: list[tuple[str, list[Any]]] = []
+    real = ResumeLoop._resume_claimed
+
+    def recorded(self: ResumeLoop, claimed: list[Any]) -> int:
+        assert [c.placed for c in claimed] == [lock_order.Placed(1, parent.pk, True)]
+        with recorded_locks() as segment_locks:
+            resumed = real(self, claimed)
+        taken.extend(segment_locks)
+        return resumed
+
+    monkeypatch.setattr(ResumeLoop, "_resume_claimed", recorded)
+    assert ResumeLoop(threads=1).run_once() == 1
+    assert run_locks(taken)[:2] == [str(parent.pk), str(child.pk)]
+    assert_in_lock_order(taken)
+    assert WorkflowRun.objects.get(pk=child.pk).status == RunStatus.COMPLETED
+
+
+def test_a_placed_lock_is_not_asked_with_a_tenant():
+    """``placed=`` is read without the tenant's filter: both would drop one."""
+    with pytest.raises(TypeError):
+        lock_order.lock_run(uuid.uuid4(), tenant="t", placed=lock_order.Placed(0, None, False))
 
 
 @pytest.mark.server_db

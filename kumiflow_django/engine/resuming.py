@@ -74,8 +74,10 @@ def _settles_a_wait_only(event: Event) -> bool:
     return event.stream_type in SETTLED_AFTER_WAIT and not registry.awaited_paths(event.type)
 
 
-def lock_run(run_id: uuid.UUID, *, skip_locked: bool) -> WorkflowRun | None:
-    return lock_order.lock_run(run_id, skip_locked=skip_locked)  # in the lock order
+def lock_run(
+    run_id: uuid.UUID, *, skip_locked: bool, placed: lock_order.Placed | None = None
+) -> WorkflowRun | None:
+    return lock_order.lock_run(run_id, skip_locked=skip_locked, placed=placed)  # in the lock order
 
 
 def resume_run(
@@ -85,18 +87,21 @@ def resume_run(
     skip_locked: bool = False,
     expected_version: int | None = None,
     recovered: pl.Recovered | None = None,
+    placed: lock_order.Placed | None = None,
 ) -> WorkflowRun | None:
     """Continue a suspended run that is due (or that ``wake.event`` satisfies).
 
     ``recovered`` names the worker whose lease on the run expired: the
-    takeover is recorded on ``step.resumed``.
+    takeover is recorded on ``step.resumed``. ``placed``: where the run is in
+    the lock order, read by the caller with the run (the resume loop's lease):
+    the lock does not read it again.
 
     Returns the run after its segment, or None when there was nothing to do:
     not due, already resumed by someone else, locked by another worker.
     """
 
     def prepare() -> Prepared:
-        run = lock_run(run_id, skip_locked=skip_locked)
+        run = lock_run(run_id, skip_locked=skip_locked, placed=placed)
         if run is None or run.status not in SUSPENDED or held(run):
             return None  # a paused run's event was recorded by its caller (_deliver)
         # A run that moved on since it was found due (a child reported, another

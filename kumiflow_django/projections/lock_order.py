@@ -84,11 +84,24 @@ def lock_placed(
 
 
 def lock_run(
-    run_id: uuid.UUID, *, tenant: str | None = None, skip_locked: bool = False
+    run_id: uuid.UUID,
+    *,
+    tenant: str | None = None,
+    skip_locked: bool = False,
+    placed: Placed | None = None,
 ) -> WorkflowRun | None:
     """One run, locked in the lock order (see :func:`lock_runs`); None if it does
-    not exist (in ``tenant``) or, with ``skip_locked``, another transaction holds it."""
-    locked = lock_runs([run_id], tenant=tenant, skip_locked=skip_locked)
+    not exist (in ``tenant``) or, with ``skip_locked``, another transaction holds it.
+
+    ``placed``: where the run is in the lock order, as the caller read it with
+    the run already (the lease of a due run): not read again. Written once, by
+    ``run-started``, it is the same whenever it was read; not with ``tenant``."""
+    if placed is None:
+        locked = lock_runs([run_id], tenant=tenant, skip_locked=skip_locked)
+    elif tenant is None:
+        locked = lock_placed({run_id: placed}, skip_locked=skip_locked)
+    else:
+        raise TypeError("lock_run: placed= is read without a tenant's filter; not both")
     return locked[0] if locked else None
 
 

@@ -37,6 +37,7 @@ from kumiflow_django.engine import unserved
 from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.flow.admission import StrandedSweep
 from kumiflow_django.projections.claims import claim, unclaimed
+from kumiflow_django.projections.lock_order import Placed
 from kumiflow_django.projections.runs import WorkflowRun
 from kumiflow_django.store import clock, db, leases
 from kumiflow_django.store.db import is_transient
@@ -58,12 +59,26 @@ class Due(NamedTuple):
 
 
 class Claimed(NamedTuple):
-    """A run leased to this worker: the version it was due at, and the expired
-    lease of another worker it takes over, if any (a recovery)."""
+    """A run leased to this worker: the version it was due at, the expired
+    lease of another worker it takes over, if any (a recovery), and where it
+    is in the lock order (read by the lease: its resume does not read it again)."""
 
     id: uuid.UUID
     version: int
     recovered: Recovered | None
+    placed: Placed
+
+
+class _Leased(NamedTuple):
+    """A row as the lease reads it under its lock."""
+
+    id: uuid.UUID
+    version: int
+    lease_owner: str
+    lease_until: datetime | None
+    depth: int
+    parent_id: uuid.UUID | None
+    parent_waits: bool
 
 
 #: Seconds between two looks for parked runs nobody would wake (the first pass looks).
@@ -226,21 +241,16 @@ class ResumeLoop(Loop):
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
         order = {due.id: i for i, due in enumerate(chunk)}
 
-        def lease() -> list[Due]:
+        def lease() -> list[_Leased]:
             rows = WorkflowRun.objects.due(now).filter(free, only, pk__in=list(order))
-            found = [
-                Due(*row)
-                for row in unclaimed(rows).values_list(
-                    "id", "version", "lease_owner", "lease_until"
-                )
-            ]
+            found = [_Leased(*row) for row in unclaimed(rows).values_list(*_Leased._fields)]
             if found:
                 WorkflowRun.objects.filter(pk__in=[row.id for row in found]).update(
                     lease_owner=self.worker_id, lease_until=lease_until
                 )
             return found
 
-        found: list[Due] = claim(lease, lost=[])
+        found: list[_Leased] = claim(lease, lost=[])
         claimed = []
         for row in sorted(found, key=lambda r: order[r.id]):
             recovered: Recovered | None = None
@@ -250,7 +260,8 @@ class ResumeLoop(Loop):
                     "from": row.lease_owner,
                     "lease_until": isoformat(until) if until else None,
                 }
-            claimed.append(Claimed(row.id, row.version, recovered))
+            placed = Placed(row.depth, row.parent_id, row.parent_waits)
+            claimed.append(Claimed(row.id, row.version, recovered, placed))
         return claimed
 
     def run_once(self) -> int:
@@ -310,7 +321,7 @@ class ResumeLoop(Loop):
 
     def _resume_claimed(self, claimed: list[Claimed]) -> int:
         resumed = 0
-        for run_id, version, recovered in claimed:
+        for run_id, version, recovered, placed in claimed:
             if self.stopping:
                 self._release(run_id)
                 continue
@@ -323,7 +334,11 @@ class ResumeLoop(Loop):
                 )
             try:
                 run = resume_run(
-                    run_id, skip_locked=True, expected_version=version, recovered=recovered
+                    run_id,
+                    skip_locked=True,
+                    expected_version=version,
+                    recovered=recovered,
+                    placed=placed,
                 )
             except Exception as exc:
                 # Not a step error (those fail the run), not a refusal (recorded
