@@ -458,7 +458,7 @@ class _Found:
         parent: uuid.UUID | None,
         parent_waits: bool,
         version: int,
-        trigger: waits.TriggerRead,
+        trigger: waits.TriggerRead | None,
     ):
         self.order = lock_order.Placed(depth, parent, parent_waits)
         self.version = version
@@ -466,58 +466,58 @@ class _Found:
         self.waits: list[tuple[str, Any, int, Any]] = []
 
 
-def _found(awaited: waits.Awaited) -> dict[uuid.UUID, _Found]:
+def _found(awaited: waits.Awaited, *, trigger: bool) -> dict[uuid.UUID, _Found]:
     """The look-up's one statement: the waits, with what the lock order needs
-    of their runs, their versions and their triggers."""
+    of their runs, their versions and, with ``trigger`` (to resume them in
+    this transaction), their triggers."""
     found: dict[uuid.UUID, _Found] = {}
-    rows = waits.awaiting(awaited, trigger=True)
-    for run_id, depth, parent, parent_waits, version, *wait, trigger in rows:
+    for run_id, depth, parent, parent_waits, version, *wait in waits.awaiting(
+        awaited, trigger=trigger
+    ):
         entry = found.get(run_id)
         if entry is None:
-            entry = found[run_id] = _Found(depth, parent, parent_waits, version, trigger)
+            read = wait[4] if trigger else None
+            entry = found[run_id] = _Found(depth, parent, parent_waits, version, read)
         entry.waits.append((wait[0], wait[1], wait[2], wait[3]))
     return found
 
 
 def wake_waiters(event: Event) -> None:
-    """Wake the runs an appended event satisfies, in the appending transaction."""
+    """Wake the runs an appended event satisfies, in the appending transaction:
+    resumed there (``KUMIFLOW_EVENT_WAKE``), or marked matched for the resume loop."""
     awaited = _awaited(event)
     if awaited is not None:
-        if settings.EVENT_WAKE == "inline":
-            # Find them without locking, then lock them by primary key, in the
-            # lock order (their waiting parents first): a locking read through a
-            # secondary index would lock every row it scans on MariaDB, and two
-            # appenders that wake different runs could deadlock. The look-up
-            # reads what the lock order needs and the runs' waits with them.
-            found = _found(awaited)
-            if found:
-                placed = {run_id: entry.order for run_id, entry in found.items()}
-                for run in lock_order.lock_placed(placed):
-                    entry = found[run.id]
-                    # Read at the version the run still has: its waits as read.
-                    waits = (
-                        [_wait(run, *w) for w in entry.waits]
-                        if entry.version == run.version
-                        else None
-                    )
-                    if satisfies(run, event, waits):
-                        # Paused, read under the run's lock (a scope's pause
-                        # locks no run: one that committed after the look-up
-                        # is seen only so): recorded, taken when it is resumed.
-                        if held(run):
-                            mark_matched(run.id, event)
-                        else:
-                            _wake_inline(run, event, entry.trigger)
-        else:
-            for run_id in waiting_for(event):
-                mark_matched(run_id, event)
+        # Find them without locking, then lock them by primary key, in the
+        # lock order (their waiting parents first): a locking read through a
+        # secondary index would lock every row it scans on MariaDB, and two
+        # appenders that wake different runs could deadlock. The look-up
+        # reads what the lock order needs and the runs' waits with them (and,
+        # to resume them here, their triggers).
+        inline = settings.EVENT_WAKE == "inline"
+        found = _found(awaited, trigger=inline)
+        if found:
+            placed = {run_id: entry.order for run_id, entry in found.items()}
+            for run in lock_order.lock_placed(placed):
+                entry = found[run.id]
+                # Read at the version the run still has: its waits as read.
+                waits = (
+                    [_wait(run, *w) for w in entry.waits] if entry.version == run.version else None
+                )
+                if satisfies(run, event, waits):
+                    # Paused, read under the run's lock (a scope's pause
+                    # locks no run: one that committed after the look-up
+                    # is seen only so): recorded, taken when it is resumed.
+                    if not inline or held(run):
+                        _match(run, event)
+                    else:
+                        _wake_inline(run, event, entry.trigger)
     if not _settles_a_wait_only(event) and not writers_serialized():
         # robust: the appender's commit succeeded; a failing check must not
         # look like a failed commit to it (the resume loop finds the run later).
         db.on_commit(partial(_recheck_event, event))
 
 
-def _wake_inline(run: WorkflowRun, event: Event, trigger: waits.TriggerRead) -> None:
+def _wake_inline(run: WorkflowRun, event: Event, trigger: waits.TriggerRead | None) -> None:
     """Resume a waiting run in the appending transaction; never fail the append.
 
     A refused segment is recorded by the runner; if even that is refused, the
