@@ -158,8 +158,8 @@ def test_a_workflow_paused_between_the_wake_look_up_and_the_runs_lock_holds_the_
     read, go = _handshake()
     real = resuming._found
 
-    def found_then_wait(qs):
-        found = real(qs)
+    def found_then_wait(qs, **kwargs):
+        found = real(qs, **kwargs)
         if found:
             read.set()
             assert go.wait(30), "the test never let the appender go"
