@@ -26,6 +26,7 @@ from kumiflow_django import (
 )
 from kumiflow_django.models import Event
 from kumiflow_django.store import db
+from kumiflow_django.store.log import FUSED_APPEND_MAX
 from tests.factories import EventFactory
 
 pytestmark = pytest.mark.django_db
@@ -103,6 +104,21 @@ def test_the_first_attempt_reads_the_head_inside_its_insert_where_the_database_c
     assert [(e.version, e.type) for e in saved] == [(2, "account.credited"), (3, "account.closed")]
     assert [e.position for e in saved] == [e.position for e in load_stream("acc-5")][1:]
     assert saved[0].position < saved[1].position
+
+
+@pytest.mark.parametrize("count", [FUSED_APPEND_MAX, FUSED_APPEND_MAX + 1, 501, 1000])
+def test_a_large_append_is_taken_whole_on_every_database(count):
+    """SQLite refuses a compound SELECT of more than 500 terms: an append of
+    more events than the fused INSERT takes reads the head first instead."""
+    append_event("big-1", "batch.opened")
+
+    saved = append_events("big-1", [NewEvent("batch.item", {"i": i}) for i in range(count)])
+
+    assert [e.version for e in saved] == list(range(2, count + 2))
+    stream = load_stream("big-1")
+    assert [e.version for e in stream] == list(range(1, count + 2))
+    assert [e.payload["i"] for e in stream[1:]] == list(range(count))
+    assert [e.position for e in stream] == sorted(e.position for e in stream)
 
 
 def test_expected_version_matching_the_head_appends():

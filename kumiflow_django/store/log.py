@@ -46,6 +46,11 @@ RESERVED_PREFIX = "kumiflow."
 #: Stream types of the engine's own streams (runs, dispatches, schedules).
 ENGINE_STREAM_TYPES = frozenset({ev.RUN_STREAM, ev.DISPATCH_STREAM, ev.CRON_STREAM, ev.TASK_STREAM})
 _ENGINE_TYPES = tuple(sorted(ENGINE_STREAM_TYPES))
+#: At most this many events are appended with the head read inside their
+#: INSERT (one ``SELECT`` per event in a ``UNION ALL``): SQLite refuses a
+#: compound SELECT of more than 500 terms, and one statement text is cached
+#: per count. A larger append reads the head first (one statement more).
+FUSED_APPEND_MAX = 64
 #: Stream ids the engine derives from names (``cron:<workflow>``): reserved.
 RESERVED_STREAM_PREFIXES = (ev.CRON_STREAM_PREFIX,)
 #: An append without ``expected_version`` that meets a concurrent writer
@@ -299,7 +304,7 @@ def _append_once(
     REPEATABLE READ). The runs its receivers start or wake leave their
     savepoints' RELEASE to the append's (``db.atomic``)."""
     with db.atomic(takes_nested=True):
-        fused = not retrying and db.reads_head_in_insert()
+        fused = not retrying and len(checked) <= FUSED_APPEND_MAX and db.reads_head_in_insert()
         current = 0
         if not fused:
             current, head_type = _head(sid, tenant_id, lock=retrying)
