@@ -116,8 +116,7 @@ def test_an_event_that_wakes_a_waiting_run_costs_what_it_did(registry):
     # The run's workflow or tenant is asked whether it is paused under the
     # run's lock, in a statement of its own (read in the look-up instead, a
     # pause committed before the lock was not seen: tests/test_pause_races.py).
-    # The run's trigger event is read by the look-up (16 and 18 before).
-    assert len(waking) <= (13 if one_writer else 16), waking
+    assert len(waking) <= (14 if one_writer else 17), waking
     # The look-up of the waits reads their runs in the same statement.
     joined = [q for q in waking if re.search(r"FROM [`\"]?kumiflow_runwait[`\"]? INNER JOIN", q)]
     assert joined, waking
@@ -145,10 +144,9 @@ BUDGETS: dict[str, dict[str, int]] = {
     # The paused scope is read under the run's lock (a statement of its own:
     # a read in the look-up misses a pause committed before the lock). On the
     # servers the last is the look-up again after the commit (a run that
-    # began waiting meanwhile is found). The look-up reads the run's trigger
-    # event too; the head is read in the INSERT and the segment's RELEASE is
-    # left to the append's (16/18/18 before).
-    "event-wake": {"sqlite": 13, "postgresql": 15, "mysql": 16},
+    # began waiting meanwhile is found). The head is read in the INSERT and
+    # the segment's RELEASE is left to the append's (16/18/18 before).
+    "event-wake": {"sqlite": 14, "postgresql": 16, "mysql": 17},
     # Recording a task's outcome; its run resumes and completes.
     "task": {"sqlite": 17, "postgresql": 18, "mysql": 17},  # its wake as event-wake
     # The resume loop's pass in which a child's timer ends it and its end

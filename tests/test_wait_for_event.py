@@ -212,9 +212,8 @@ def _as_seen(event):
 
 @pytest.mark.parametrize("tenant", ["default", "acme"])
 def test_each_run_an_event_wakes_reads_its_own_trigger_after_the_wake(registry, tenant):
-    """The wake-up's look-up reads each run's trigger event with its waits
-    (the segment reads it in no statement of its own): every column of it,
-    each run its own."""
+    """A run woken by an event reads its own trigger event, every column of
+    it, each run its own (two runs woken by one event, in one tenant)."""
     from kumiflow_django.models import Event
 
     define_workflow(
@@ -254,17 +253,3 @@ def test_a_run_whose_trigger_was_erased_fails_when_its_event_wakes_it(order_work
     run.refresh_from_db()
     assert (run.status, run.reason) == (RunStatus.FAILED, "trigger_event_unavailable")
     assert not RunWait.objects.filter(run_id=run.id).exists()
-
-
-def test_a_trigger_read_for_another_position_is_not_taken(order_workflow):
-    """A run whose trigger moved since the look-up read it reads its own."""
-    from kumiflow_django.engine.resuming import _trigger
-    from kumiflow_django.models import Event
-    from kumiflow_django.projections.waits import TriggerRead
-
-    run, other = place(42), place(43)
-    stale = TriggerRead(other.trigger_position, Event.objects.get(position=other.trigger_position))
-    assert _trigger(run, stale).position == run.trigger_position
-    assert _trigger(run, TriggerRead(other.trigger_position, None)).position == (
-        run.trigger_position
-    )

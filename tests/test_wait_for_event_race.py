@@ -299,3 +299,49 @@ def test_in_a_branch_a_later_wait_finds_an_event_that_commits_below_the_taken_on
     assert Event.objects.get(stream_id=late).position < Event.objects.get(stream_id=early).position
     run.refresh_from_db()
     assert (run.status, run.result) == (RunStatus.COMPLETED, [early, late])
+
+
+def test_a_trigger_erased_while_the_wake_waits_for_the_runs_lock_is_not_used(registry):
+    """The wake-up finds the run, then waits for its lock; the run's trigger
+    stream is erased meanwhile. The trigger is read under the lock: the run
+    fails with trigger_event_unavailable and the erased payload is in no row
+    (a look-up that read the trigger before the lock resumed it with it)."""
+    from kumiflow_django import erase_stream
+
+    order = fresh("order")
+    define_workflow(
+        "erased-order",
+        trigger=on_event("order.placed"),
+        steps=[
+            s.wait_for_event(
+                "payment.received",
+                match={"payload.order_id": lambda ctx: ctx.event.payload["order_id"]},
+            ),
+            s.return_(lambda ctx: {"secret": ctx.event.payload.get("secret")}),
+        ],
+    )
+    append_event(order, "order.placed", {"order_id": order, "secret": "PII"})
+    run = WorkflowRun.objects.get(workflow="erased-order")
+    assert run.status == RunStatus.WAITING_EVENT
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_run() -> None:
+        with transaction.atomic():
+            WorkflowRun.objects.select_for_update().get(pk=run.pk)
+            locked.set()
+            assert release.wait(30), "the test never released the run"
+
+    holder, held_errors = in_thread(hold_the_run)
+    assert locked.wait(30)
+    appender, errors = in_thread(
+        lambda: append_event(fresh("pay"), "payment.received", {"order_id": order})
+    )
+    assert wait_until_blocked_or_done(appender) == "blocked"
+    assert erase_stream(order) == 1  # committed while the wake-up waits for the lock
+    release.set()
+    holder.join(30)
+    appender.join(30)
+    assert not held_errors and not errors, (held_errors, errors)
+    run.refresh_from_db()
+    assert (run.status, run.reason) == (RunStatus.FAILED, "trigger_event_unavailable")
+    assert run.result != {"secret": "PII"}

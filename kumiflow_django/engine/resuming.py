@@ -155,16 +155,13 @@ def _admitted(run: WorkflowRun, recovered: pl.Recovered | None) -> Prepared:
     return opening(run, None, recovered, workflow=workflow, unwritten=unwritten)
 
 
-def resume_locked(
-    run: WorkflowRun, wake: Wake, trigger: waits.TriggerRead | None = None
-) -> WorkflowRun | None:
-    """Continue a run the caller has locked and checked (an awaited event woke it).
-    ``trigger``: its trigger as the wake-up's look-up read it."""
+def resume_locked(run: WorkflowRun, wake: Wake) -> WorkflowRun | None:
+    """Continue a run the caller has locked and checked (an awaited event woke it)."""
     if not _served_here(run):
         if wake.event is not None:
             _match(run, wake.event)
         return None
-    updated = execute(lambda: opening(run, wake, read=trigger))
+    updated = execute(lambda: opening(run, wake))
     if updated is not None:
         after_segment(updated)
     return updated
@@ -265,15 +262,10 @@ def _definition(run: WorkflowRun) -> Definition | Failure:
     return Definition(decision.workflow, decision.switched(deploys.RunFacts.of(run)))
 
 
-def _trigger(run: WorkflowRun, read: waits.TriggerRead | None = None) -> Trigger:
-    """The run's trigger; ``read``: as the wake-up's look-up read it, taken
-    if the run still has that trigger (a debounce may have moved it since)."""
+def _trigger(run: WorkflowRun) -> Trigger:
     if run.trigger_position is None:
         return TriggerEvent(type=run.trigger_type, payload=run.input or {}, tenant_id=run.tenant_id)
-    if read is not None and read.position == run.trigger_position:
-        event = read.event
-    else:
-        event = sql.select_one(Event, position=run.trigger_position, tenant_id=run.tenant_id)
+    event = sql.select_one(Event, position=run.trigger_position, tenant_id=run.tenant_id)
     if event is None:
         raise Failure(
             ev.TRIGGER_UNAVAILABLE,
@@ -312,11 +304,9 @@ def opening(
     *,
     workflow: Workflow | None = None,
     unwritten: Unwritten | None = None,
-    read: waits.TriggerRead | None = None,
 ) -> Opening:
     """The segment that continues a locked, suspended run (or records why it
-    cannot). ``workflow``: the definition an admitted queued run starts on;
-    ``read``: the run's trigger as the wake-up's look-up read it."""
+    cannot). ``workflow``: the definition an admitted queued run starts on."""
     found = Definition(workflow) if workflow is not None else _definition(run)
     if isinstance(found, Failure):  # nothing runs: no step.resumed
         return Opening(run.id, run.tenant_id, run, first=[], failure=found)
@@ -364,7 +354,7 @@ def opening(
         failure = Failure(ev.CORRUPT_STATE, f"the run's stored state is unusable: {exc}")
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
     try:
-        trigger = _trigger(run, read)
+        trigger = _trigger(run)
         actual = _wake(run, wake)
     except Failure as failure:
         return Opening(run.id, run.tenant_id, run, first=gave_up, failure=failure)
@@ -450,34 +440,20 @@ def is_awaited(event_type: str) -> bool:
 
 class _Found:
     """A waiting run as the wake-up's look-up read it: where it is in the lock
-    order, its version then, its waits for the event and its trigger."""
+    order, its version then, and its waits for the event."""
 
-    def __init__(
-        self,
-        depth: int,
-        parent: uuid.UUID | None,
-        parent_waits: bool,
-        version: int,
-        trigger: waits.TriggerRead | None,
-    ):
+    def __init__(self, depth: int, parent: uuid.UUID | None, parent_waits: bool, version: int):
         self.order = lock_order.Placed(depth, parent, parent_waits)
         self.version = version
-        self.trigger = trigger
         self.waits: list[tuple[str, Any, int, Any]] = []
 
 
-def _found(awaited: waits.Awaited, *, trigger: bool) -> dict[uuid.UUID, _Found]:
+def _found(awaited: waits.Awaited) -> dict[uuid.UUID, _Found]:
     """The look-up's one statement: the waits, with what the lock order needs
-    of their runs, their versions and, with ``trigger`` (to resume them in
-    this transaction), their triggers."""
+    of their runs and their versions."""
     found: dict[uuid.UUID, _Found] = {}
-    for run_id, depth, parent, parent_waits, version, *wait in waits.awaiting(
-        awaited, trigger=trigger
-    ):
-        entry = found.get(run_id)
-        if entry is None:
-            read = wait[4] if trigger else None
-            entry = found[run_id] = _Found(depth, parent, parent_waits, version, read)
+    for run_id, depth, parent, parent_waits, version, *wait in waits.awaiting(awaited):
+        entry = found.setdefault(run_id, _Found(depth, parent, parent_waits, version))
         entry.waits.append((wait[0], wait[1], wait[2], wait[3]))
     return found
 
@@ -491,10 +467,11 @@ def wake_waiters(event: Event) -> None:
         # lock order (their waiting parents first): a locking read through a
         # secondary index would lock every row it scans on MariaDB, and two
         # appenders that wake different runs could deadlock. The look-up
-        # reads what the lock order needs and the runs' waits with them (and,
-        # to resume them here, their triggers).
+        # reads what the lock order needs and the runs' waits with them.
+        # (Not the runs' triggers: a trigger is read under the run's lock,
+        # so an erasure committed while the appender waited for it is seen.)
         inline = settings.EVENT_WAKE == "inline"
-        found = _found(awaited, trigger=inline)
+        found = _found(awaited)
         if found:
             placed = {run_id: entry.order for run_id, entry in found.items()}
             for run in lock_order.lock_placed(placed):
@@ -510,14 +487,14 @@ def wake_waiters(event: Event) -> None:
                     if not inline or held(run):
                         _match(run, event)
                     else:
-                        _wake_inline(run, event, entry.trigger)
+                        _wake_inline(run, event)
     if not _settles_a_wait_only(event) and not writers_serialized():
         # robust: the appender's commit succeeded; a failing check must not
         # look like a failed commit to it (the resume loop finds the run later).
         db.on_commit(partial(_recheck_event, event))
 
 
-def _wake_inline(run: WorkflowRun, event: Event, trigger: waits.TriggerRead | None) -> None:
+def _wake_inline(run: WorkflowRun, event: Event) -> None:
     """Resume a waiting run in the appending transaction; never fail the append.
 
     A refused segment is recorded by the runner; if even that is refused, the
@@ -525,7 +502,7 @@ def _wake_inline(run: WorkflowRun, event: Event, trigger: waits.TriggerRead | No
     and the appender's transaction goes on.
     """
     try:
-        resume_locked(run, Wake(WakeReason.EVENT, event), trigger)
+        resume_locked(run, Wake(WakeReason.EVENT, event))
     except Exception as exc:
         if is_transient(exc):
             raise

@@ -190,19 +190,11 @@ _OF_RUN = ("depth", "parent_id", "parent_waits", "version")
 _OF_WAIT = ("event_type", "match", "after", "gaps")
 
 
-class TriggerRead(NamedTuple):
-    """A run's trigger event as the look-up read it: the run's trigger
-    position then, and the event at it (None: no longer in the log)."""
-
-    position: int | None
-    event: Event | None
-
-
 @functools.lru_cache(maxsize=256)
-def _awaiting_sql(shape: tuple[int, ...], using: str, trigger: bool) -> tuple[str, tuple[Any, ...]]:
+def _awaiting_sql(shape: tuple[int, ...], using: str) -> tuple[str, tuple[Any, ...]]:
     """The look-up of :func:`awaiting` for conditions of ``shape`` (the
     number of keys of each), built once per shape."""
-    run, wait, event = WorkflowRun._meta, RunWait._meta, Event._meta
+    run, wait = WorkflowRun._meta, RunWait._meta
 
     def w(name: str) -> str:
         return sql.column(wait.get_field(name), using, table=True)  # type: ignore[arg-type]
@@ -210,44 +202,29 @@ def _awaiting_sql(shape: tuple[int, ...], using: str, trigger: bool) -> tuple[st
     def r(name: str) -> str:
         return sql.column(run.get_field(name), using, table=True)  # type: ignore[arg-type]
 
-    def e(name: str) -> str:
-        return sql.column(event.get_field(name), using, table=True)  # type: ignore[arg-type]
-
     fields: tuple[Any, ...] = (wait.get_field("run"), *(run.get_field(c) for c in _OF_RUN))
     fields += tuple(wait.get_field(c) for c in _OF_WAIT)
-    selected = [w("run"), *(r(c) for c in _OF_RUN), *(w(c) for c in _OF_WAIT)]
-    joined = ""
-    if trigger:
-        # The trigger by its primary key, as the segment would read it.
-        fields += (run.get_field("trigger_position"), *event.concrete_fields)
-        selected.append(r("trigger_position"))
-        selected += [sql.column(f, using, table=True) for f in event.concrete_fields]
-        joined = (
-            f" LEFT OUTER JOIN {sql.table(Event, using)} ON ({e('position')} = "
-            f"{r('trigger_position')} AND {e('tenant_id')} = {r('tenant_id')})"
-        )
+    selected = ", ".join([w("run"), *(r(c) for c in _OF_RUN), *(w(c) for c in _OF_WAIT)])
     conditions = " OR ".join(
         f"({w('event_type')} = %s AND {w('correlation_key')} IN ({', '.join(['%s'] * n)}))"
         for n in shape
     )
     # Table and column names come from the models, quoted; values are parameters.
     statement = (
-        f"SELECT {', '.join(selected)} FROM {sql.table(RunWait, using)} INNER JOIN "  # noqa: S608
-        f"{sql.table(WorkflowRun, using)} ON ({w('run')} = {r('id')}){joined} "
+        f"SELECT {selected} FROM {sql.table(RunWait, using)} INNER JOIN "  # noqa: S608
+        f"{sql.table(WorkflowRun, using)} ON ({w('run')} = {r('id')}) "
         f"WHERE ({conditions}) AND {w('tenant_id')} = %s AND {r('status')} IN (%s, %s) "
         f"ORDER BY {r('started_at')} ASC, {w('run')} ASC, {w('id')} ASC"
     )
     return statement, fields
 
 
-def awaiting(awaited: Awaited, *, trigger: bool = False) -> list[tuple[Any, ...]]:
+def awaiting(awaited: Awaited) -> list[tuple[Any, ...]]:
     """The waits ``awaited`` whose runs wait (``waiting_event``, or
     ``waiting`` in their branches): each its run's id, what the lock order
     needs of the run and its version, then the wait's type, match, cut-off
-    and gaps; with ``trigger``, last the run's :class:`TriggerRead` (the
-    segment that wakes it reads its trigger so in no statement of its own).
-    One statement on the waits' correlation index, joined to each run's row
-    (and its trigger) by primary key, in the order of the runs' starts.
+    and gaps. One statement on the waits' correlation index, joined to each
+    run's row by its primary key, in the order of the runs' starts.
 
     No cut-off in SQL: an event that commits late may have a position below
     a wait's cut-off and still count (a gap of its start); the caller
@@ -258,23 +235,9 @@ def awaiting(awaited: Awaited, *, trigger: bool = False) -> list[tuple[Any, ...]
     if not conditions:
         return []
     using = RunWait._default_manager.get_queryset().db
-    shape = tuple(len(keys) for _, keys in conditions)
-    statement, fields = _awaiting_sql(shape, using, trigger)
+    statement, fields = _awaiting_sql(tuple(len(keys) for _, keys in conditions), using)
     params: list[Any] = []
     for type_, keys in conditions:
         params += [type_, *keys]
     params += [awaited.tenant, RunStatus.WAITING_EVENT.value, RunStatus.WAITING.value]
-    rows = sql.fetch(statement, params, fields, using=using)
-    if not trigger:
-        return rows
-    cut = 1 + len(_OF_RUN) + len(_OF_WAIT)
-    names = [f.attname for f in Event._meta.concrete_fields]
-    read: dict[Any, TriggerRead] = {}  # a run of several waits: its trigger once
-    found = []
-    for row in rows:
-        if row[0] not in read:
-            position, *columns = row[cut:]
-            event = Event.from_db(using, names, columns) if columns[0] is not None else None
-            read[row[0]] = TriggerRead(position, event)
-        found.append((*row[:cut], read[row[0]]))
-    return found
+    return sql.fetch(statement, params, fields, using=using)
