@@ -97,8 +97,15 @@ def list_runs(
     def value(name: str, given: Any) -> Any:
         return sql.prep(field(name), given, using)  # type: ignore[arg-type]
 
-    conditions = [f"{column('tenant_id')} IN ({', '.join(['%s'] * len(tenants))})"]
+    marks = ", ".join(["%s"] * len(tenants))
+    conditions = [f"{column('tenant_id')} IN ({marks})"]
     params = [value("tenant_id", t) for t in tenants]
+    exact = sql.exactly(column("tenant_id"), using)
+    if exact != column("tenant_id"):
+        # MariaDB: its collation would let a token of "acme" list the runs of
+        # "ACME" and "acme "; the index finds the candidates, this keeps its own.
+        conditions.append(f"{exact} IN ({marks})")
+        params += [value("tenant_id", t) for t in tenants]
     for name, given in (("workflow", workflow), ("status", status)):
         if given is not None:
             conditions.append(f"{column(name)} = %s")

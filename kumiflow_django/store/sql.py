@@ -301,6 +301,15 @@ def column(field: Field[Any, Any], using: str, *, table: bool = False) -> str:
     return name
 
 
+def exactly(expression: str, using: str) -> str:
+    """``expression`` as compared byte for byte: where ``=`` and ``IN`` on
+    text follow a collation that ignores case, accents and trailing spaces
+    (MariaDB's), ``BINARY expression``; else itself. For a filter that must
+    not let "ACME" stand for "acme" (a tenant), beside the plain comparison
+    that finds the candidates by index."""
+    return expression if db.text_equality_is_exact(using) else f"BINARY {expression}"
+
+
 def table(model: type[Model], using: str) -> str:
     """The quoted table of ``model``."""
     return str(connections[using].ops.quote_name(model._meta.db_table))

@@ -154,6 +154,19 @@ def test_the_list_filters_by_workflow_status_and_tenant(token_client, approval, 
     assert [r["tenant"] for r in acme.get(f"{API}runs/").json()["runs"]] == ["acme"]
 
 
+def test_the_list_shows_a_tenant_its_own_runs_not_those_a_collation_calls_equal(token_client):
+    """MariaDB compares text ignoring case and trailing spaces: a token of
+    "acme" must still see neither "ACME"'s runs nor "acme "'s nor "Acme"'s."""
+    define_workflow("w", steps=[s.compute("a", lambda ctx: 1)])
+    mine = start_workflow("w", tenant="acme")
+    for other in ("ACME", "acme ", "Acme"):
+        start_workflow("w", tenant=other)
+
+    runs = token_client(tenant="acme").get(f"{API}runs/").json()["runs"]
+
+    assert [(r["id"], r["tenant"]) for r in runs] == [(str(mine.id), "acme")]
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
