@@ -58,9 +58,12 @@ def tree() -> WorkflowRun:
     children = [_run(parent) for _ in range(3)]
     WorkflowRun.objects.bulk_create(children)
     WorkflowRun.objects.bulk_create([_run(child) for child in children])
-    with connection.cursor() as cursor:
-        table = connection.ops.quote_name(WorkflowRun._meta.db_table)
-        cursor.execute(f"ANALYZE TABLE {table}" if connection.vendor == "mysql" else "ANALYZE")
+    # Not on MariaDB: its ANALYZE TABLE commits the test's transaction (an
+    # implicit commit), leaving these rows to the tests after it; InnoDB
+    # samples its statistics by itself, and its index is a plain one.
+    if connection.vendor != "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
     return parent
 
 
