@@ -16,6 +16,7 @@ from kumiflow_django.http import serializers, tokens
 from kumiflow_django.http.auth import Principal
 from kumiflow_django.http.errors import ApiError, from_kumiflow
 from kumiflow_django.http.service import find_run, operator
+from kumiflow_django.store import sql
 from kumiflow_django.store.audit import check_operator
 from kumiflow_django.store.errors import InvalidEvent, KumiflowError
 from kumiflow_django.store.telemetry import get_logger
@@ -28,7 +29,7 @@ LIMIT = 200
 
 def list_approvals(principal: Principal, *, workflow: str | None = None) -> dict[str, Any]:
     principal.require(tokens.VIEW)
-    qs = waiting_approvals().filter(tenant_id__in=principal.tenants)
+    qs = waiting_approvals().filter(sql.exact_in("tenant_id", principal.tenants))
     if workflow is not None:
         qs = qs.filter(workflow=workflow)
     out = []

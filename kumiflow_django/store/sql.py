@@ -19,6 +19,7 @@ from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Model
+from django.db.models.lookups import In
 from django.db.transaction import TransactionManagementError
 
 from kumiflow_django.store import db
@@ -301,13 +302,30 @@ def column(field: Field[Any, Any], using: str, *, table: bool = False) -> str:
     return name
 
 
+#: How MariaDB compares a text expression byte for byte.
+_BYTES = "BINARY {}"
+
+
 def exactly(expression: str, using: str) -> str:
     """``expression`` as compared byte for byte: where ``=`` and ``IN`` on
     text follow a collation that ignores case, accents and trailing spaces
     (MariaDB's), ``BINARY expression``; else itself. For a filter that must
     not let "ACME" stand for "acme" (a tenant), beside the plain comparison
     that finds the candidates by index."""
-    return expression if db.text_equality_is_exact(using) else f"BINARY {expression}"
+    return expression if db.text_equality_is_exact(using) else _BYTES.format(expression)
+
+
+def exact_in(field: str, values: Collection[str], using: str | None = None) -> models.Q:
+    """``Q(<field>__in=values)`` that means it byte for byte on every database
+    (see :func:`exactly`): the filter of a tenant's rows, which must not take
+    "ACME"'s for "acme"'s where the collation says they are equal."""
+    q = models.Q(**{f"{field}__in": list(values)})
+    if db.text_equality_is_exact(using or db.alias()):
+        return q
+    as_bytes = models.Func(
+        models.F(field), template=_BYTES.format("%(expressions)s"), output_field=models.CharField()
+    )
+    return q & models.Q(In(as_bytes, list(values)))
 
 
 def table(model: type[Model], using: str) -> str:

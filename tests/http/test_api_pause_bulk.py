@@ -68,3 +68,22 @@ def test_bulk_refuses_another_tenant_and_unknown_filters(api, slow, token_client
     job = api.post_json(f"{API}bulk/", {"action": "cancel"}).json()
     outsider = token_client(tenant="other")
     assert outsider.get(f"{API}bulk/{job['id']}/").status_code == 404
+
+
+def test_bulk_acts_on_the_callers_tenant_byte_for_byte(token_client, registry):
+    """MariaDB's collation takes "ACME" and "acme " for "acme": a bulk cancel
+    by "acme" counts and cancels its own runs only."""
+    define_workflow("idle", steps=[s.wait_for_event("never")])
+    mine = start_workflow("idle", tenant="acme")
+    others = [start_workflow("idle", tenant=t) for t in ("ACME", "acme ")]
+    acme = token_client(tenant="acme")
+    body = {"action": "cancel", "filters": {"workflow": "idle"}, "reason": "x"}
+
+    counted = acme.post_json(f"{API}bulk/", {**body, "dry_run": True})
+    tenant = acme.post_json(f"{API}bulk/", {**body, "dry_run": True, "filters": {"tenant": "acme"}})
+    assert (counted.json()["matching"], tenant.json()["matching"]) == (1, 1)
+    assert acme.post_json(f"{API}bulk/", body).status_code == 202
+    BulkLoop().run_once()
+
+    assert WorkflowRun.objects.get(pk=mine.pk).status == RunStatus.CANCELLED
+    assert {WorkflowRun.objects.get(pk=o.pk).status for o in others} == {RunStatus.WAITING_EVENT}

@@ -159,3 +159,17 @@ def test_the_attribute_filter_takes_the_value_after_the_first_colon(token_client
     assert ids("customer:a:b:c") == [str(a.id)]
     assert ids("customer:x' OR '1'='1") == [str(sql.id)]
     assert ids("customer:nobody") == []
+
+
+def test_the_inbox_shows_a_tenant_its_own_runs_not_those_a_collation_calls_equal(
+    token_client, refunds
+):
+    """MariaDB compares text ignoring case and trailing spaces: "acme"'s
+    inbox must not list the runs of "ACME" or "acme "."""
+    mine = start_workflow("refund", tenant="acme")
+    for other in ("ACME", "acme "):
+        start_workflow("refund", tenant=other)
+
+    listed = token_client(tenant="acme").get(f"{API}approvals/").json()["approvals"]
+
+    assert [(a["run"]["id"], a["run"]["tenant"]) for a in listed] == [(str(mine.id), "acme")]
