@@ -19,11 +19,10 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
-from django.db.models import F, Func
 from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.definition.attributes import as_text
-from kumiflow_django.store import db, limits
+from kumiflow_django.store import limits, sql
 from kumiflow_django.store.models import EngineManager
 
 if TYPE_CHECKING:
@@ -127,13 +126,9 @@ def matching(
     ``top_only``: of the runs without a parent only). A run has one row per
     attribute name, so counting these rows counts the runs."""
     text = value if isinstance(value, str) else as_text(value)
-    qs = RunAttribute.objects.filter(name=name, value=text)
+    # The index range finds the candidates its collation deems equal; on
+    # MariaDB a byte comparison keeps the exact ones ("abc" is not "ABC").
+    qs = RunAttribute.objects.filter(sql.exact_in("value", [text]), name=name)
     if top_only:
         qs = qs.filter(top=True)
-    if not db.text_equality_is_exact():
-        # The index range finds the candidates its collation deems equal;
-        # the byte comparison keeps the exact ones ("abc" is not "ABC").
-        qs = qs.annotate(exact=Func(F("value"), template="BINARY %(expressions)s")).filter(
-            exact=text
-        )
     return qs.values("run_id")

@@ -19,7 +19,7 @@ from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Model
-from django.db.models.lookups import In
+from django.db.models.lookups import Exact, In
 from django.db.transaction import TransactionManagementError
 
 from kumiflow_django.store import db
@@ -317,15 +317,19 @@ def exactly(expression: str, using: str) -> str:
 
 def exact_in(field: str, values: Collection[str], using: str | None = None) -> models.Q:
     """``Q(<field>__in=values)`` that means it byte for byte on every database
-    (see :func:`exactly`): the filter of a tenant's rows, which must not take
-    "ACME"'s for "acme"'s where the collation says they are equal."""
-    q = models.Q(**{f"{field}__in": list(values)})
+    (see :func:`exactly`): the filter of a tenant's rows, or of an attribute's
+    value, which must not take "ACME" for "acme" where the collation says
+    they are equal."""
+    wanted = list(values)
+    # One value: an equality, as a filter() of it would be (its index plan).
+    q = models.Q(**{field: wanted[0]} if len(wanted) == 1 else {f"{field}__in": wanted})
     if db.text_equality_is_exact(using or db.alias()):
         return q
     as_bytes = models.Func(
         models.F(field), template=_BYTES.format("%(expressions)s"), output_field=models.CharField()
     )
-    return q & models.Q(In(as_bytes, list(values)))
+    same = Exact(as_bytes, wanted[0]) if len(wanted) == 1 else In(as_bytes, wanted)
+    return q & models.Q(same)
 
 
 def table(model: type[Model], using: str) -> str:
