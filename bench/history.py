@@ -122,6 +122,7 @@ def _rows(n: int, newest: datetime, oldest: datetime) -> Iterator[tuple[str, tup
                 "name": name,
                 "value": value,
                 "started_at": row["started_at"],
+                "top": run.parent_id is None,
             }
             yield "attribute", tuple(attribute[f.attname] for f in attribute_fields)
 
