@@ -377,6 +377,25 @@ def test_a_run_locked_by_another_transaction_is_passed_over_not_waited_for(regis
     assert not WorkflowRun.objects.filter(pk=free.id).exists()
 
 
+@pytest.mark.django_db
+def test_a_kind_of_owned_stream_without_work_to_do_goes_with_its_run(history):
+    """A kind registered without ``keeps_run`` never keeps its run: every
+    run with a delivered mail goes, the one whose mail is pending too."""
+    from kumiflow_django.projections.dispatches import DISPATCHES
+    from kumiflow_django.projections.retention import OwnedStream
+
+    old_runs = WorkflowRun.objects.filter(finished_at__lt=history["cutoff"]).values("id")
+    # The old run whose mail is undelivered.
+    pending = Dispatch.objects.get(status="pending", run_id__in=old_runs).run_id
+    with owned_streams.isolated():
+        owned_streams.add("dispatches", OwnedStream("dispatches", DISPATCHES), replace=True)
+        report = Retention(history["cutoff"]).run()
+
+    assert (report.runs, report.kept) == (6, 0)
+    assert report.owned["dispatches"] == 4
+    assert not WorkflowRun.objects.filter(pk__in=history["going"] | {pending}).exists()
+
+
 def test_what_a_run_owns_is_one_registry():
     assert list(owned_streams) == ["dispatches", "tasks"]
     assert retention_module.owned_streams is owned_streams

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from django.db import IntegrityError
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, Expression, ExpressionWrapper, Q, QuerySet, Value
 
 from kumiflow_django.conf import settings
 from kumiflow_django.projections import attributes as attribute_index
@@ -319,18 +319,28 @@ class Retention:
     def _owned(
         self, ids: Sequence[uuid.UUID]
     ) -> tuple[dict[str, list[tuple[Any, uuid.UUID]]], set[uuid.UUID]]:
-        """The owned rows of these runs (locked), by kind; and the runs they keep."""
+        """The owned rows of these runs (locked), by kind; and the runs they keep.
+
+        One statement per kind and chunk: whether a row keeps its run is read
+        with the row, under its lock (a second read of the same rows would
+        cost a round trip with the same ``IN`` list)."""
         owned: dict[str, list[tuple[Any, uuid.UUID]]] = {}
         kept: set[uuid.UUID] = set()
         for name, kind in owned_streams.items():
             manager = kind.stream.model._default_manager
+            busy: Expression = (
+                Value(False)
+                if kind.keeps_run is None
+                else ExpressionWrapper(kind.keeps_run, output_field=BooleanField())
+            )
             rows: list[tuple[Any, uuid.UUID]] = []
             for chunk in _chunks(ids):
                 qs = manager.filter(**{f"{kind.run_field}__in": chunk}).order_by("pk")
-                rows += list(for_update(qs).values_list("pk", kind.run_field))
-                if kind.keeps_run is not None:
-                    busy = manager.filter(kind.keeps_run, **{f"{kind.run_field}__in": chunk})
-                    kept.update(busy.values_list(kind.run_field, flat=True))
+                locked = for_update(qs.annotate(keeps_run=busy))
+                for pk, run_id, keeps in locked.values_list("pk", kind.run_field, "keeps_run"):
+                    rows.append((pk, run_id))
+                    if keeps:
+                        kept.add(run_id)
             owned[name] = rows
         return owned, kept
 
