@@ -3,7 +3,8 @@
 A transaction that leaves a due (or soon due) run, dispatch or schedule
 calls :func:`work_committed`. After it commits, loops in this process are
 told directly, and on PostgreSQL a ``NOTIFY`` tells loops in other
-processes; hooks registered with :func:`on_committed` (the Django Tasks
+processes (in the one statement that sends all of the transaction's
+notifications, :func:`notify`); hooks registered with :func:`on_committed` (the Django Tasks
 wake-up, :mod:`kumiflow_django.tasks`) see every piece of work. Each loop is
 told the kind and when it is due: work due now wakes it, a timer earlier
 than the one it sleeps for shortens its sleep (``Loop.notify``). The
@@ -92,7 +93,13 @@ def work_committed(
     run_id: uuid.UUID | None = None,
     item: uuid.UUID | None = None,
 ) -> None:
-    """Announce, after the current transaction commits, work of ``kind`` due at ``when``."""
+    """Announce, after the current transaction commits, work of ``kind`` due at ``when``.
+
+    Other processes' loops are told in the transaction's one ``NOTIFY``
+    statement (:func:`notify`), with the runs it changed, not in a round
+    trip of its own after the commit; this process's loops and the hooks
+    are told by an on-commit callback."""
+    _add(db.alias(), lambda batch: batch.work.setdefault((kind, when)))
     db.on_commit(partial(_committed, Work(kind, when, run_id, item)))
 
 
@@ -106,10 +113,7 @@ def _committed(work: Work) -> None:
             fields = log_fields(run_id=work.run_id)
             logger.warning("a wake-up hook failed for %s", work, exc_info=True, extra=fields)
     now = clock.now()
-    when = work.when if work.when is not None and work.when > now else None
-    announce_local(work.kind, when)
-    if when is None or when <= now + timedelta(seconds=settings.MAX_INTERVAL):
-        notify(CHANNEL, payload(work.kind, when))  # far away: their next poll reads it
+    announce_local(work.kind, work.when if work.when is not None and work.when > now else None)
 
 
 def announce_local(kind: str, when: datetime | None = None) -> None:
@@ -150,6 +154,9 @@ class _Batch:
         #: The outermost ``atomic`` block of the transaction it belongs to.
         self.transaction = transaction_
         self.pending: dict[tuple[str, str], None] = {}
+        #: (kind, wake time) of the work the transaction committed: which of it
+        #: other processes are told is decided after the commit (:meth:`send`).
+        self.work: dict[tuple[str, datetime | None], None] = {}
         #: Set by the first callback that runs: its transaction committed.
         self.committed = False
 
@@ -157,7 +164,16 @@ class _Batch:
         if self.committed:
             return
         self.committed = True
-        channels, payloads = zip(*self.pending, strict=True) if self.pending else ((), ())
+        pending = dict(self.pending)
+        now = clock.now()
+        horizon = now + timedelta(seconds=settings.MAX_INTERVAL)
+        for kind, when in self.work:
+            # Far away (after the commit): their next poll reads it, before it is due.
+            if when is None or when <= horizon:
+                pending[
+                    (CHANNEL, payload(kind, when if when is not None and when > now else None))
+                ] = None
+        channels, payloads = zip(*pending, strict=True) if pending else ((), ())
         try:
             with connections[using].cursor() as cursor:
                 cursor.execute(
@@ -179,7 +195,13 @@ def notify(channel: str, payload: str, using: str | None = None) -> None:
     After the commit, not inside the transaction: PostgreSQL serialises the
     commits of all transactions that notified, so a NOTIFY inside a segment
     would make every segment wait for the others."""
-    using = using or db.alias()
+    _add(using or db.alias(), lambda batch: batch.pending.setdefault((channel, payload)))
+
+
+def _add(using: str, put: Callable[[_Batch], object]) -> None:
+    """``put`` something in the batch of the current transaction of ``using``,
+    and register one more on-commit callback that sends the batch (at once
+    outside a transaction); nothing where the database has no ``LISTEN``."""
     if not db.supports_listen(using):
         return
     batches: dict[str, _Batch] = _batches.__dict__.setdefault("by_alias", {})
@@ -190,5 +212,5 @@ def notify(channel: str, payload: str, using: str | None = None) -> None:
     outermost = blocks[0] if blocks else None
     if batch is None or batch.committed or batch.transaction is not outermost:
         batch = batches[using] = _Batch(outermost)
-    batch.pending[(channel, payload)] = None
+    put(batch)
     transaction.on_commit(partial(batch.send, using), using=using, robust=True)

@@ -112,3 +112,77 @@ def test_a_transaction_that_changed_many_runs_notifies_them_in_one_statement(lis
     sent = [q["sql"] for q in queries.captured_queries if "pg_notify" in q["sql"]]
     assert len(sent) == 1, sent  # a fan-out of a thousand children is one round trip
     assert received(listener) == runs
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_work_a_segment_leaves_is_notified_in_the_same_statement_as_its_run(listener, registry):
+    """A segment that leaves a timer tells the other processes' loops in the
+    statement that announces its run: one round trip after the commit, not two."""
+    from django.test.utils import CaptureQueriesContext
+
+    from kumiflow_django import define_workflow
+    from kumiflow_django import steps as s
+    from kumiflow_django.store import wakeups
+
+    listener.execute(f"LISTEN {wakeups.CHANNEL}")
+    define_workflow("soon", steps=[s.wait("PT0.5S"), s.return_("soon")])
+    with CaptureQueriesContext(connection) as queries:
+        run = start_workflow("soon")
+    sent = [q["sql"] for q in queries.captured_queries if "pg_notify" in q["sql"]]
+    assert len(sent) == 1, sent
+    notes = received_on(listener, {CHANNEL, wakeups.CHANNEL})
+    assert (CHANNEL, str(run.id)) in notes
+    [(kind, when)] = [wakeups.parse(p) for c, p in notes if c == wakeups.CHANNEL]
+    assert kind == "resume" and when is not None and when > run.started_at
+
+
+def received_on(listener, channels: set[str]) -> list[tuple[str, str]]:
+    """(channel, payload) of every notification so far on ``channels``, up to a marker."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
+    got: list[tuple[str, str]] = []
+    for note in listener.notifies(timeout=10):
+        if note.payload == "marker":
+            return got
+        if note.channel in channels:
+            got.append((note.channel, note.payload))
+    raise AssertionError("the marker never arrived")
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_work_of_a_rolled_back_transaction_is_not_notified(listener):
+    from kumiflow_django.store import wakeups
+
+    listener.execute(f"LISTEN {wakeups.CHANNEL}")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        wakeups.work_committed(wakeups.WorkKind.TASK)
+        raise RuntimeError("rolled back")
+    assert received_on(listener, {wakeups.CHANNEL}) == []
+    wakeups.work_committed(wakeups.WorkKind.TASK)  # outside a transaction: at once
+    assert received_on(listener, {wakeups.CHANNEL}) == [(wakeups.CHANNEL, "task")]
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_which_timers_other_processes_are_told_of_is_decided_at_the_commit(listener, clock):
+    """Timers due within ``KUMIFLOW_MAX_INTERVAL`` of the commit are notified
+    (a later one is read by the other processes' next poll, before it is
+    due): a long transaction does not make a timer look further away than it is."""
+    from datetime import timedelta
+
+    from kumiflow_django.conf import settings
+    from kumiflow_django.store import wakeups
+
+    listener.execute(f"LISTEN {wakeups.CHANNEL}")
+    interval = timedelta(seconds=settings.MAX_INTERVAL)
+    with transaction.atomic():
+        soon = clock.now() + interval + timedelta(seconds=1)
+        far = clock.now() + 3 * interval
+        wakeups.work_committed(wakeups.WorkKind.RESUME, soon)
+        wakeups.work_committed(wakeups.WorkKind.RESUME, far)
+        clock.advance(seconds=2)  # the transaction takes its time
+    assert received_on(listener, {wakeups.CHANNEL}) == [
+        (wakeups.CHANNEL, wakeups.payload(wakeups.WorkKind.RESUME, soon))
+    ]
