@@ -98,7 +98,9 @@ def work_committed(
     Other processes' loops are told in the transaction's one ``NOTIFY``
     statement (:func:`notify`), with the runs it changed, not in a round
     trip of its own after the commit; this process's loops and the hooks
-    are told by an on-commit callback."""
+    are told by an on-commit callback. Work announced inside a savepoint
+    that rolls back may still reach other processes (a spurious wake-up:
+    a poll that finds nothing), never this process's loops or the hooks."""
     _add(db.alias(), lambda batch: batch.work.setdefault((kind, when)))
     db.on_commit(partial(_committed, Work(kind, when, run_id, item)))
 
@@ -150,9 +152,13 @@ class _Batch:
     still be sent: a notification is a wake-up, and a spurious one costs a
     read); what a rolled back transaction notified is never sent."""
 
-    def __init__(self, transaction_: object) -> None:
-        #: The outermost ``atomic`` block of the transaction it belongs to.
+    def __init__(self, transaction_: object, hooks: object) -> None:
+        #: The outermost ``atomic`` block of the transaction it belongs to, and
+        #: the connection's list of on-commit callbacks when it began: Django
+        #: starts a new list at every rollback (a function decorated with
+        #: ``atomic`` enters the same block object at every call).
         self.transaction = transaction_
+        self.hooks = hooks
         self.pending: dict[tuple[str, str], None] = {}
         #: (kind, wake time) of the work the transaction committed: which of it
         #: other processes are told is decided after the commit (:meth:`send`).
@@ -164,17 +170,19 @@ class _Batch:
         if self.committed:
             return
         self.committed = True
-        pending = dict(self.pending)
-        now = clock.now()
-        horizon = now + timedelta(seconds=settings.MAX_INTERVAL)
-        for kind, when in self.work:
-            # Far away (after the commit): their next poll reads it, before it is due.
-            if when is None or when <= horizon:
-                pending[
-                    (CHANNEL, payload(kind, when if when is not None and when > now else None))
-                ] = None
-        channels, payloads = zip(*pending, strict=True) if pending else ((), ())
         try:
+            pending = dict(self.pending)
+            now = clock.now()
+            horizon = now + timedelta(seconds=settings.MAX_INTERVAL)
+            for kind, when in self.work:
+                # Far away (after the commit): their next poll reads it, before it is due.
+                if when is None or when <= horizon:
+                    pending[
+                        (CHANNEL, payload(kind, when if when is not None and when > now else None))
+                    ] = None
+            if not pending:  # only timers far away: nothing to send
+                return
+            channels, payloads = zip(*pending, strict=True)
             with connections[using].cursor() as cursor:
                 cursor.execute(
                     "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS t(c, p)",
@@ -206,11 +214,18 @@ def _add(using: str, put: Callable[[_Batch], object]) -> None:
         return
     batches: dict[str, _Batch] = _batches.__dict__.setdefault("by_alias", {})
     batch = batches.get(using)
-    # A transaction is told apart by its outermost atomic block: a batch left
-    # by one that rolled back (no callback of it ran) is not sent with the next.
-    blocks = connections[using].atomic_blocks
+    # A batch left by a transaction that rolled back (no callback of it ran)
+    # is not sent with the next; after a savepoint's rollback a new batch
+    # begins (the old one is sent too: two statements in that rare case).
+    conn = connections[using]
+    blocks = conn.atomic_blocks
     outermost = blocks[0] if blocks else None
-    if batch is None or batch.committed or batch.transaction is not outermost:
-        batch = batches[using] = _Batch(outermost)
+    if (
+        batch is None
+        or batch.committed
+        or batch.transaction is not outermost
+        or batch.hooks is not conn.run_on_commit
+    ):
+        batch = batches[using] = _Batch(outermost, conn.run_on_commit)
     put(batch)
     transaction.on_commit(partial(batch.send, using), using=using, robust=True)

@@ -186,3 +186,68 @@ def test_which_timers_other_processes_are_told_of_is_decided_at_the_commit(liste
     assert received_on(listener, {wakeups.CHANNEL}) == [
         (wakeups.CHANNEL, wakeups.payload(wakeups.WorkKind.RESUME, soon))
     ]
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_timer_too_far_away_to_notify_costs_no_statement(clock):
+    """Without a changed run to announce (``KUMIFLOW_SSE_LISTEN`` off, or no
+    live streams mounted: a worker's default), a timer beyond
+    ``KUMIFLOW_MAX_INTERVAL`` sends nothing, in a transaction or not."""
+    from datetime import timedelta
+
+    from django.test.utils import CaptureQueriesContext
+
+    from kumiflow_django.conf import settings
+    from kumiflow_django.store import wakeups
+
+    far = clock.now() + timedelta(seconds=3 * settings.MAX_INTERVAL)
+    with CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            wakeups.work_committed(wakeups.WorkKind.RESUME, far)
+        wakeups.work_committed(wakeups.WorkKind.RESUME, far)
+    assert [q["sql"] for q in queries.captured_queries if "pg_notify" in q["sql"]] == []
+
+
+@transaction.atomic  # one Atomic object, entered as the outermost block at every call
+def _decorated(kind: str, fail: bool) -> None:
+    from kumiflow_django.store import wakeups
+
+    wakeups.work_committed(wakeups.WorkKind(kind))
+    notify_run_changed(f"run-{kind}")
+    if fail:
+        raise RuntimeError("rolled back")
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_call_of_a_decorated_function_sends_nothing_with_the_next(listener):
+    from kumiflow_django.store import wakeups
+
+    listener.execute(f"LISTEN {wakeups.CHANNEL}")
+    with pytest.raises(RuntimeError):
+        _decorated("task", fail=True)
+    _decorated("dispatch", fail=False)
+    assert received_on(listener, {CHANNEL, wakeups.CHANNEL}) == [
+        (CHANNEL, "run-dispatch"),
+        (wakeups.CHANNEL, "dispatch"),
+    ]
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_work_after_a_rolled_back_savepoint_is_sent(listener):
+    """A savepoint's rollback (a lost version clash) loses nothing the
+    transaction announced before or after it; what it announced inside may
+    still reach other processes (a spurious wake-up, see ``work_committed``)."""
+    from kumiflow_django.store import wakeups
+
+    listener.execute(f"LISTEN {wakeups.CHANNEL}")
+    with transaction.atomic():
+        wakeups.work_committed(wakeups.WorkKind.DISPATCH)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            wakeups.work_committed(wakeups.WorkKind.TASK)
+            raise RuntimeError("clash: rolled back to the savepoint")
+        wakeups.work_committed(wakeups.WorkKind.CRON)
+    got = received_on(listener, {wakeups.CHANNEL})
+    assert (wakeups.CHANNEL, "dispatch") in got and (wakeups.CHANNEL, "cron") in got
