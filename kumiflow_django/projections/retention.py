@@ -81,7 +81,9 @@ _CHUNK = 500
 class OwnedStream:
     """A kind of stream that runs own: its rows name their run in ``run_field``,
     and go (and come back) with it. Rows matching ``keeps_run`` still have
-    work to do: their run stays until they are done."""
+    work to do: their run stays until they are done. ``keeps_run`` is a
+    condition on the row's own columns (no relation): retention reads it in
+    the statement that locks the rows."""
 
     name: str
     stream: Stream[Any]
@@ -336,8 +338,9 @@ class Retention:
             rows: list[tuple[Any, uuid.UUID]] = []
             for chunk in _chunks(ids):
                 qs = manager.filter(**{f"{kind.run_field}__in": chunk}).order_by("pk")
-                locked = for_update(qs.annotate(keeps_run=busy))
-                for pk, run_id, keeps in locked.values_list("pk", kind.run_field, "keeps_run"):
+                locked = for_update(qs.annotate(kumiflow_keeps_run=busy))
+                columns = ("pk", kind.run_field, "kumiflow_keeps_run")
+                for pk, run_id, keeps in locked.values_list(*columns):
                     rows.append((pk, run_id))
                     if keeps:
                         kept.add(run_id)
