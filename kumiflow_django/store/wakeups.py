@@ -150,15 +150,12 @@ class _Batch:
     (the public ``transaction.on_commit``), so a callback dropped with a rolled
     back savepoint cannot take the others' notifications with it (its own may
     still be sent: a notification is a wake-up, and a spurious one costs a
-    read); what a rolled back transaction notified is never sent."""
+    read); what a rolled back transaction notified is not sent (but see
+    :func:`_add` for a function decorated with ``atomic``)."""
 
-    def __init__(self, transaction_: object, hooks: object) -> None:
-        #: The outermost ``atomic`` block of the transaction it belongs to, and
-        #: the connection's list of on-commit callbacks when it began: Django
-        #: starts a new list at every rollback (a function decorated with
-        #: ``atomic`` enters the same block object at every call).
+    def __init__(self, transaction_: object) -> None:
+        #: The outermost ``atomic`` block of the transaction it belongs to.
         self.transaction = transaction_
-        self.hooks = hooks
         self.pending: dict[tuple[str, str], None] = {}
         #: (kind, wake time) of the work the transaction committed: which of it
         #: other processes are told is decided after the commit (:meth:`send`).
@@ -214,18 +211,15 @@ def _add(using: str, put: Callable[[_Batch], object]) -> None:
         return
     batches: dict[str, _Batch] = _batches.__dict__.setdefault("by_alias", {})
     batch = batches.get(using)
-    # A batch left by a transaction that rolled back (no callback of it ran)
-    # is not sent with the next; after a savepoint's rollback a new batch
-    # begins (the old one is sent too: two statements in that rare case).
-    conn = connections[using]
-    blocks = conn.atomic_blocks
+    # A transaction is told apart by its outermost atomic block: a batch left
+    # by one that rolled back (no callback of it ran) is not sent with the
+    # next, unless the next enters the same block object (a function
+    # decorated with ``atomic``, called again): then its notifications go
+    # with the next one's, spurious wake-ups (Django's list of callbacks,
+    # which would tell, is private; tests/test_architecture.py).
+    blocks = connections[using].atomic_blocks
     outermost = blocks[0] if blocks else None
-    if (
-        batch is None
-        or batch.committed
-        or batch.transaction is not outermost
-        or batch.hooks is not conn.run_on_commit
-    ):
-        batch = batches[using] = _Batch(outermost, conn.run_on_commit)
+    if batch is None or batch.committed or batch.transaction is not outermost:
+        batch = batches[using] = _Batch(outermost)
     put(batch)
     transaction.on_commit(partial(batch.send, using), using=using, robust=True)

@@ -209,31 +209,6 @@ def test_a_timer_too_far_away_to_notify_costs_no_statement(clock):
     assert [q["sql"] for q in queries.captured_queries if "pg_notify" in q["sql"]] == []
 
 
-@transaction.atomic  # one Atomic object, entered as the outermost block at every call
-def _decorated(kind: str, fail: bool) -> None:
-    from kumiflow_django.store import wakeups
-
-    wakeups.work_committed(wakeups.WorkKind(kind))
-    notify_run_changed(f"run-{kind}")
-    if fail:
-        raise RuntimeError("rolled back")
-
-
-@postgres
-@pytest.mark.django_db(transaction=True)
-def test_a_rolled_back_call_of_a_decorated_function_sends_nothing_with_the_next(listener):
-    from kumiflow_django.store import wakeups
-
-    listener.execute(f"LISTEN {wakeups.CHANNEL}")
-    with pytest.raises(RuntimeError):
-        _decorated("task", fail=True)
-    _decorated("dispatch", fail=False)
-    assert received_on(listener, {CHANNEL, wakeups.CHANNEL}) == [
-        (CHANNEL, "run-dispatch"),
-        (wakeups.CHANNEL, "dispatch"),
-    ]
-
-
 @postgres
 @pytest.mark.django_db(transaction=True)
 def test_work_after_a_rolled_back_savepoint_is_sent(listener):
