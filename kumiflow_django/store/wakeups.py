@@ -114,8 +114,17 @@ def _committed(work: Work) -> None:
         except Exception:  # one hook never stops the wake-up of the loops
             fields = log_fields(run_id=work.run_id)
             logger.warning("a wake-up hook failed for %s", work, exc_info=True, extra=fields)
-    now = clock.now()
-    announce_local(work.kind, work.when if work.when is not None and work.when > now else None)
+    announce_local(work.kind, _later(work.when, clock.now()))
+
+
+def _later(when: datetime | None, now: datetime) -> datetime | None:
+    """``when`` if it is later than ``now``, else None (due now). A time that
+    does not compare with ours (a naive one) counts as now, as in :func:`parse`:
+    a spurious poll, never a lost wake-up, nor the transaction's other ones."""
+    try:
+        return when if when is not None and when > now else None
+    except TypeError:
+        return None
 
 
 def announce_local(kind: str, when: datetime | None = None) -> None:
@@ -172,11 +181,10 @@ class _Batch:
             now = clock.now()
             horizon = now + timedelta(seconds=settings.MAX_INTERVAL)
             for kind, when in self.work:
+                later = _later(when, now)
                 # Far away (after the commit): their next poll reads it, before it is due.
-                if when is None or when <= horizon:
-                    pending[
-                        (CHANNEL, payload(kind, when if when is not None and when > now else None))
-                    ] = None
+                if later is None or later <= horizon:
+                    pending[(CHANNEL, payload(kind, later))] = None
             if not pending:  # only timers far away: nothing to send
                 return
             channels, payloads = zip(*pending, strict=True)

@@ -226,3 +226,20 @@ def test_work_after_a_rolled_back_savepoint_is_sent(listener):
         wakeups.work_committed(wakeups.WorkKind.CRON)
     got = received_on(listener, {wakeups.CHANNEL})
     assert (wakeups.CHANNEL, "dispatch") in got and (wakeups.CHANNEL, "cron") in got
+
+
+@postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_wake_time_that_does_not_compare_is_work_due_now_and_loses_nothing(listener):
+    """One bad item (a naive wake time) is a spurious wake-up: the
+    transaction's other notifications still go, in the same statement."""
+    from datetime import datetime
+
+    from kumiflow_django.store import wakeups
+
+    listener.execute(f"LISTEN {wakeups.CHANNEL}")
+    with transaction.atomic():
+        wakeups.work_committed(wakeups.WorkKind.RESUME, datetime(2026, 12, 3, 12, 0))  # naive
+        notify_run_changed("run-a")
+    got = received_on(listener, {CHANNEL, wakeups.CHANNEL})
+    assert sorted(got) == [(CHANNEL, "run-a"), (wakeups.CHANNEL, "resume")]
