@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import Expression, Q
 
 #: The columns of a lease on a run's row (a task's row has ``worker``).
 OWNER = "lease_owner"
@@ -31,7 +31,7 @@ def ran_out(until: datetime | None, now: datetime) -> bool:
     return until is not None and until < now
 
 
-def ran_out_q(now: datetime, *, until: str = UNTIL) -> Q:
+def ran_out_q(now: datetime | Expression, *, until: str = UNTIL) -> Q:
     """The rows whose lease has run out at ``now`` (as :func:`ran_out`)."""
     return Q(**{f"{until}__lt": now})
 
@@ -41,7 +41,7 @@ def free(owner: str, until: datetime | None, now: datetime) -> bool:
     return not owner or ran_out(until, now)
 
 
-def free_q(now: datetime, *, owner: str = OWNER, until: str = UNTIL) -> Q:
+def free_q(now: datetime | Expression, *, owner: str = OWNER, until: str = UNTIL) -> Q:
     """The rows a worker may take at ``now`` (as :func:`free`)."""
     return Q(**{owner: ""}) | ran_out_q(now, until=until)
 

@@ -7,18 +7,24 @@ The ORM's SQL compiler costs more than the database on these paths (a
 segment writes a few small rows); the statements here are built once per
 shape and fed with each field's own ``get_db_prep_save``, so values are
 adapted exactly as the ORM would adapt them.
+
+The loops' polls (the resume loop's due probe, its lease, its next wake
+time) keep their ORM queries, compiled once per shape instead
+(:func:`values`): the query is the one its manager methods build
+(``due()``, ``free_q()``), its changing values :class:`Slot` objects.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Hashable, Sequence
+from typing import Any, NamedTuple
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
-from django.db.models import Field, Model
+from django.db.models import Expression, Field, Model, QuerySet
 from django.db.models.lookups import Exact, In
 from django.db.transaction import TransactionManagementError
 
@@ -367,7 +373,7 @@ def _by_pk_sql(
     return f"{sql} ORDER BY {key} ASC{_lock_sql(using, lock, skip_locked)}", fields
 
 
-def _locking_db(model: type[Model], lock: bool) -> str:
+def routed(model: type[Model], *, lock: bool = False) -> str:
     """The database the ORM reads ``model`` from (locking: writes it to).
     A lock outside a transaction is refused, as the ORM refuses it: in
     autocommit it would hold nothing."""
@@ -394,7 +400,7 @@ def by_pk[M: Model](
     .order_by("pk"))`` reads, without building the query each time."""
     if not pks:
         return []
-    using = _locking_db(model, lock)
+    using = routed(model, lock=lock)
     sql, fields = _by_pk_sql(model, using, len(pks), True, lock, skip_locked)
     pk = model._meta.pk
     assert pk is not None
@@ -408,7 +414,7 @@ def lock_by_pk(model: type[Model], pks: Collection[Any], *, skip_locked: bool = 
     order, reading only their keys (returned: those locked)."""
     if not pks:
         return []
-    using = _locking_db(model, True)
+    using = routed(model, lock=True)
     sql, fields = _by_pk_sql(model, using, len(pks), False, True, skip_locked)
     rows = fetch(sql, [prep(fields[0], key, using) for key in pks], fields, using=using)
     return [row[0] for row in rows]
@@ -568,3 +574,90 @@ def rows(sql: str, params: Sequence[Any], *, using: str) -> list[tuple[Any, ...]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         return [tuple(row) for row in cursor.fetchall()]
+
+
+# -- ORM queries compiled once per shape --------------------------------------
+
+
+class Slot(Expression):
+    """A value of a query compiled once per shape (:func:`values`): stands in
+    the query where the value would, and is sent as ``Value(value,
+    output_field)`` would send it (the field's ``get_db_prep_value``), the
+    value given at each execution. Slots are equal by name and field."""
+
+    def __init__(self, name: str, output_field: Field[Any, Any]) -> None:
+        super().__init__(output_field=output_field)
+        self.name = name
+
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> tuple[str, Any]:
+        return "%s", (self,)
+
+    def bind(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
+        return self.output_field.get_db_prep_value(value, connection, prepared=False)
+
+
+class _Compiled(NamedTuple):
+    sql: str
+    #: The statement's parameters: constants (adapted) and slots (bound per execution).
+    params: tuple[Any, ...]
+    #: The field of each selected column, in order (for the ORM's converters).
+    fields: tuple[Field[Any, Any], ...]
+    #: Whether it locks its rows (then only inside a transaction, as the ORM says).
+    locks: bool
+
+
+#: Compiled queries by (key, alias). Bounded: a key that changes for good
+#: (the definitions a worker serves, after a deploy) leaves entries behind.
+_COMPILED: dict[tuple[Hashable, str], _Compiled] = {}
+_COMPILED_MAX = 512
+
+
+#: A query that can match no row (an empty ``IN`` list): the ORM sends nothing.
+_NOTHING = _Compiled("", (), (), False)
+
+
+def _compile(qs: QuerySet[Any, Any], using: str) -> _Compiled:
+    compiler = qs.query.get_compiler(using=using)
+    try:
+        sql, params = compiler.as_sql()
+    except EmptyResultSet:
+        return _NOTHING
+    fields = []
+    for expression, _, _ in compiler.select:
+        target = getattr(expression, "target", None)
+        if not isinstance(target, Field):
+            raise TypeError(f"a compiled query selects plain columns only, not {expression!r}")
+        fields.append(target)
+    return _Compiled(sql, tuple(params), tuple(fields), bool(qs.query.select_for_update))
+
+
+def values(
+    key: Hashable, build: Callable[[], QuerySet[Any, Any]], *, using: str, **slots: Any
+) -> list[tuple[Any, ...]]:
+    """The rows of the ``values_list()`` query ``build()`` gives on ``using``,
+    its values given as :class:`Slot` objects and sent from ``slots`` (by
+    name); each column converted as the ORM converts it.
+
+    The query is built and compiled by the ORM once per ``key`` and database:
+    the same query's SQL as the ORM's, without the ORM's cost of building it
+    at each execution (it costs more than the database on the loops' polls).
+    ``key`` names everything but the slots that shapes the query: a query
+    built from other constants under the same key would send the first one's.
+    """
+    connection = connections[using]
+    compiled = _COMPILED.get((key, using))
+    if compiled is None:
+        compiled = _compile(build().using(using), using)  # the ORM's own checks, once
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[(key, using)] = compiled
+    if compiled.locks and connection.get_autocommit():
+        raise TransactionManagementError(
+            "select_for_update cannot be used outside of a transaction."
+        )
+    if compiled is _NOTHING:
+        return []
+    params = [
+        p.bind(slots[p.name], connection) if isinstance(p, Slot) else p for p in compiled.params
+    ]
+    return fetch(compiled.sql, params, compiled.fields, using=using)

@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db.models import F, Q, Window
+from django.db import models
+from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 
 from kumiflow_django.conf import settings
@@ -38,8 +39,8 @@ from kumiflow_django.engine.resuming import resume_run
 from kumiflow_django.flow.admission import StrandedSweep
 from kumiflow_django.projections.claims import claim, unclaimed
 from kumiflow_django.projections.lock_order import Placed
-from kumiflow_django.projections.runs import WorkflowRun
-from kumiflow_django.store import clock, db, leases
+from kumiflow_django.projections.runs import WorkflowRun, WorkflowRunQuerySet
+from kumiflow_django.store import clock, db, leases, sql
 from kumiflow_django.store.db import is_transient
 from kumiflow_django.store.payloads import Recovered
 from kumiflow_django.store.telemetry import get_logger, log_fields
@@ -98,6 +99,8 @@ _COLUMNS = (
     "started_at",
     "since_position",
 )
+#: The moment a compiled query compares wake times and leases with.
+_NOW = sql.Slot("now", models.DateTimeField())
 
 
 def due_runs(now: datetime, limit: int, *, free: bool = False, only: Q | None = None) -> list[Due]:
@@ -113,15 +116,16 @@ def due_runs(now: datetime, limit: int, *, free: bool = False, only: Q | None = 
     holds a lease on. ``only``: the runs this process may claim
     (:func:`~kumiflow_django.engine.unserved.claim_filter`).
     """
-    due = WorkflowRun.objects.due(now)
-    if free:
-        due = due.filter(leases.free_q(now))
-    if only is not None:
-        due = due.filter(only)
     # In the index's order only (no sort of the due range); ties are broken below.
-    probe = list(due.order_by("wake_at").values_list(*_COLUMNS)[: limit + 1])
+    probe = sql.values(
+        ("due runs", free, only, limit),
+        lambda: _due(_NOW, free, only).order_by("wake_at").values_list(*_COLUMNS)[: limit + 1],
+        using=sql.routed(WorkflowRun),
+        now=now,
+    )
     if len(probe) <= limit:
         return _fair(probe)[:limit]
+    due = _due(now, free, only)
     weights = settings.TENANT_WEIGHTS
     heaviest = max([1, *weights.values()])
     ranked = due.annotate(
@@ -132,6 +136,26 @@ def due_runs(now: datetime, limit: int, *, free: bool = False, only: Q | None = 
         )
     ).order_by("-priority", "turn", "wake_at", "started_at", "since_position")
     return _fair(list(ranked.values_list(*_COLUMNS)[: limit * heaviest]))[:limit]
+
+
+def _due(now: datetime | sql.Slot, free: bool, only: Q | None) -> WorkflowRunQuerySet:
+    due = WorkflowRun.objects.due(now)
+    if free:
+        due = due.filter(leases.free_q(now))
+    if only is not None:
+        due = due.filter(only)
+    return due
+
+
+def _leasing(count: int, only: Q) -> QuerySet[WorkflowRun, Any]:
+    """The lease's locking read of ``count`` due runs (slots ``id0``…), if
+    still due and free: not "or leased by this worker", since the threads of
+    one worker share its id, and one would take the runs another has just leased."""
+    pk = WorkflowRun._meta.pk
+    assert pk is not None
+    ids: Any = [sql.Slot(f"id{i}", pk) for i in range(count)]
+    rows = _due(_NOW, True, only).filter(pk__in=ids)
+    return unclaimed(rows).values_list(*_Leased._fields)
 
 
 def _fair(rows: list[tuple[Any, ...]]) -> list[Due]:
@@ -234,16 +258,19 @@ class ResumeLoop(Loop):
         transaction. Rows another worker is leasing at this moment are skipped
         (``SKIP LOCKED`` where the database has it): workers take disjoint runs
         instead of contending for the same ones."""
-        # Not "or leased by this worker": the threads of one worker share its
-        # id, and one would take the runs another has just leased.
-        free = leases.free_q(now)
         only = only if only is not None else unserved.claim_filter()
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
         order = {due.id: i for i, due in enumerate(chunk)}
 
         def lease() -> list[_Leased]:
-            rows = WorkflowRun.objects.due(now).filter(free, only, pk__in=list(order))
-            found = [_Leased(*row) for row in unclaimed(rows).values_list(*_Leased._fields)]
+            rows = sql.values(
+                ("lease", len(chunk), only),
+                lambda: _leasing(len(chunk), only),
+                using=sql.routed(WorkflowRun, lock=True),
+                now=now,
+                **{f"id{i}": due.id for i, due in enumerate(chunk)},
+            )
+            found = [_Leased(*row) for row in rows]
             if found:
                 WorkflowRun.objects.filter(pk__in=[row.id for row in found]).update(
                     lease_owner=self.worker_id, lease_until=lease_until
@@ -385,13 +412,17 @@ class ResumeLoop(Loop):
 
     def next_due(self) -> datetime | None:
         # Claimable runs only: a paused run that is due would make every poll immediate.
-        return (
-            WorkflowRun.objects.claimable()
-            .filter(wake_at__isnull=False)
-            .order_by("wake_at")
-            .values_list("wake_at", flat=True)
-            .first()
+        rows = sql.values(
+            "next due run",
+            lambda: (
+                WorkflowRun.objects.claimable()
+                .filter(wake_at__isnull=False)
+                .order_by("wake_at")
+                .values_list("wake_at")[:1]
+            ),
+            using=sql.routed(WorkflowRun),
         )
+        return rows[0][0] if rows else None
 
 
 def _close_connection(barrier: threading.Barrier) -> None:
