@@ -77,3 +77,24 @@ def test_the_query_and_the_python_forms_of_the_rule_agree(registry, owner, until
     assert row.filter(leases.ran_out_q(NOW)).exists() == leases.ran_out(until, NOW)
     # Held up to and including its last instant; free after it, or with no lease.
     assert leases.free(owner, until, NOW) == (until is None or until < NOW)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_of_its_own_takes_the_same_rows_and_writes_itself(naps, clock):
+    """Outside a transaction (a worker's loop) the lease is a transaction of
+    its own: one statement on PostgreSQL, which must take what the locking
+    read takes, say which it took over, and leave the others as they were."""
+    now = clock.now()
+    claimed = ResumeLoop(worker_id="worker-new", threads=1)._lease(due_runs(now, 10), now)
+    assert {naps[c.id] for c in claimed} == {"free", "expired"}
+    (recovered,) = [c.recovered for c in claimed if c.recovered]
+    assert recovered["from"] == "worker-expired"
+    owners = {naps[pk]: owner for pk, owner in WorkflowRun.objects.values_list("id", "lease_owner")}
+    assert owners == {
+        "free": "worker-new",
+        "expired": "worker-new",
+        "leased": "worker-leased",
+        "at-expiry": "worker-at-expiry",
+    }
+    # Taken now: another worker's lease of the same runs takes none of them.
+    assert ResumeLoop(worker_id="worker-other", threads=1)._lease(due_runs(now, 10), now) == []

@@ -36,11 +36,15 @@ def unclaimed[M: Model](rows: QuerySet[M, M]) -> QuerySet[M, M]:
     return for_update(rows, skip_locked=True)
 
 
-def claim[T](take: Callable[[], T], *, lost: T) -> T:
+def claim[T](take: Callable[[], T], *, lost: T, one_statement: bool = False) -> T:
     """Run ``take`` (which locks with :func:`unclaimed`, checks and starts the
     work) in one transaction of its own; ``lost`` when a concurrent writer got
-    there first."""
+    there first. ``one_statement``: ``take`` sends one statement, which
+    outside a transaction is a transaction of its own (no ``BEGIN``, no
+    ``COMMIT``: where ``db.claims_in_one_statement``)."""
     try:
+        if one_statement and db.connection().get_autocommit():
+            return take()
         with db.atomic():
             return take()
     except (IntegrityError, StaleRow):

@@ -273,6 +273,16 @@ def reads_head_in_insert(using: Using = None) -> bool:
     return connection.vendor != "mysql" and connection.features.can_return_rows_from_bulk_insert
 
 
+def claims_in_one_statement(using: Using = None) -> bool:
+    """Whether a claim locks, checks and leases its rows in one statement, a
+    transaction of its own (``UPDATE … FROM (SELECT … FOR UPDATE SKIP
+    LOCKED) … RETURNING`` the rows as they were: ``sql.update_selected``):
+    PostgreSQL. MariaDB's UPDATE returns no rows, and SQLite's RETURNING
+    cannot name the rows as they were; they lock, check and lease in a
+    short transaction."""
+    return _vendor(using) == "postgresql"
+
+
 def explicit_ids_leave_sequence_behind(using: Using = None) -> bool:
     """Whether inserting a row with its own id leaves the id sequence where it
     was (PostgreSQL); MariaDB's and SQLite's counters move past it by themselves."""

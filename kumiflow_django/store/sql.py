@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any, NamedTuple
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Expression, Field, Model, QuerySet
@@ -631,6 +631,31 @@ def _compile(qs: QuerySet[Any, Any], using: str) -> _Compiled:
     return _Compiled(sql, tuple(params), tuple(fields), bool(qs.query.select_for_update))
 
 
+def _compiled(key: Hashable, build: Callable[[], QuerySet[Any, Any]], using: str) -> _Compiled:
+    compiled = _COMPILED.get((key, using))
+    if compiled is None:
+        qs = build().using(using)
+        if qs.query.select_for_update and connections[using].get_autocommit():
+            # The ORM compiles a locking read only inside a transaction: one that
+            # sends nothing (the read is sent later, where it may run).
+            with transaction.atomic(using=using, savepoint=False):
+                compiled = _compile(qs, using)
+        else:
+            compiled = _compile(qs, using)  # the ORM's own checks, once
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[(key, using)] = compiled
+    return compiled
+
+
+def _bound(
+    compiled: _Compiled, slots: dict[str, Any], connection: BaseDatabaseWrapper
+) -> list[Any]:
+    return [
+        p.bind(slots[p.name], connection) if isinstance(p, Slot) else p for p in compiled.params
+    ]
+
+
 def values(
     key: Hashable, build: Callable[[], QuerySet[Any, Any]], *, using: str, **slots: Any
 ) -> list[tuple[Any, ...]]:
@@ -645,19 +670,61 @@ def values(
     built from other constants under the same key would send the first one's.
     """
     connection = connections[using]
-    compiled = _COMPILED.get((key, using))
-    if compiled is None:
-        compiled = _compile(build().using(using), using)  # the ORM's own checks, once
-        if len(_COMPILED) >= _COMPILED_MAX:
-            _COMPILED.clear()
-        _COMPILED[(key, using)] = compiled
+    compiled = _compiled(key, build, using)
     if compiled.locks and connection.get_autocommit():
         raise TransactionManagementError(
             "select_for_update cannot be used outside of a transaction."
         )
     if compiled is _NOTHING:
         return []
-    params = [
-        p.bind(slots[p.name], connection) if isinstance(p, Slot) else p for p in compiled.params
-    ]
-    return fetch(compiled.sql, params, compiled.fields, using=using)
+    return fetch(compiled.sql, _bound(compiled, slots, connection), compiled.fields, using=using)
+
+
+@functools.lru_cache(maxsize=256)
+def _update_selected_sql(
+    select: str, fields: tuple[Field[Any, Any], ...], using: str, sets: tuple[str, ...]
+) -> str:
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    model = fields[0].model
+    assert model is not None
+    meta = model._meta
+    pk = meta.pk
+    assert pk is not None and pk in fields, "the read selects the primary key"
+    names = [f"c{i}" for i in range(len(fields))]
+    assignments = ", ".join(f"{qn(_column(meta.get_field(name)))} = %s" for name in sets)  # type: ignore[arg-type]
+    target = qn(meta.db_table)
+    returned = ", ".join(f"old.{name}" for name in names)
+    key = names[fields.index(pk)]
+    # Names come from the model, quoted; the read is the ORM's; values are parameters.
+    return (
+        f"UPDATE {target} SET {assignments} FROM ({select}) AS old ({', '.join(names)})"  # noqa: S608
+        f" WHERE {target}.{qn(_column(pk))} = old.{key} RETURNING {returned}"
+    )
+
+
+def update_selected(
+    key: Hashable,
+    build: Callable[[], QuerySet[Any, Any]],
+    *,
+    using: str,
+    sets: dict[str, Any],
+    **slots: Any,
+) -> list[tuple[Any, ...]]:
+    """Set ``sets`` (field names and values) on the rows the locking read
+    ``build()`` gives (a ``values_list()`` with the primary key, compiled once
+    per ``key`` as :func:`values` compiles it), in one statement; return the
+    rows as the read saw them, before the update, converted as :func:`values`
+    converts them. Only where ``db.claims_in_one_statement``: outside a
+    transaction the statement is one of its own."""
+    connection = connections[using]
+    compiled = _compiled(key, build, using)
+    if compiled is _NOTHING:
+        return []
+    model = compiled.fields[0].model
+    assert model is not None
+    fields = [model._meta.get_field(name) for name in sets]
+    sql = _update_selected_sql(compiled.sql, compiled.fields, using, tuple(sets))
+    params = [f.get_db_prep_save(v, connection) for f, v in zip(fields, sets.values(), strict=True)]  # type: ignore[union-attr]
+    params += _bound(compiled, slots, connection)
+    return fetch(sql, params, compiled.fields, using=using)

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import models
+from django.db import models, router
 from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 
@@ -262,13 +262,28 @@ class ResumeLoop(Loop):
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
         order = {due.id: i for i, due in enumerate(chunk)}
 
+        key = ("lease", len(chunk), only)
+        ids = {f"id{i}": due.id for i, due in enumerate(chunk)}
+        one_statement = db.claims_in_one_statement()
+
         def lease() -> list[_Leased]:
+            if one_statement:
+                # Locked, checked and leased at once; the rows as they were.
+                rows = sql.update_selected(
+                    key,
+                    lambda: _leasing(len(chunk), only),
+                    using=router.db_for_write(WorkflowRun),
+                    sets={"lease_owner": self.worker_id, "lease_until": lease_until},
+                    now=now,
+                    **ids,
+                )
+                return [_Leased(*row) for row in rows]
             rows = sql.values(
-                ("lease", len(chunk), only),
+                key,
                 lambda: _leasing(len(chunk), only),
                 using=sql.routed(WorkflowRun, lock=True),
                 now=now,
-                **{f"id{i}": due.id for i, due in enumerate(chunk)},
+                **ids,
             )
             found = [_Leased(*row) for row in rows]
             if found:
@@ -277,7 +292,7 @@ class ResumeLoop(Loop):
                 )
             return found
 
-        found: list[_Leased] = claim(lease, lost=[])
+        found: list[_Leased] = claim(lease, lost=[], one_statement=one_statement)
         claimed = []
         for row in sorted(found, key=lambda r: order[r.id]):
             recovered: Recovered | None = None
