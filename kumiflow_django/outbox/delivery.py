@@ -31,7 +31,7 @@ from kumiflow_django.projections.claims import claim, unclaimed
 from kumiflow_django.projections.dispatches import DELIVERABLE, Dispatch, append
 from kumiflow_django.projections.lock_order import lock_owned
 from kumiflow_django.projections.stream import StaleRow
-from kumiflow_django.store import clock, db, telemetry
+from kumiflow_django.store import clock, db, sql, telemetry
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.errors import DeliveryFailure, PermanentFailure
 from kumiflow_django.store.models import Event
@@ -193,6 +193,16 @@ def _report(
 
 
 def due_dispatches(now: datetime, limit: int) -> list[tuple[uuid.UUID, int]]:
-    return list(
-        Dispatch.objects.due(now).order_by("next_attempt_at").values_list("id", "version")[:limit]
+    """Up to ``limit`` due deliveries (id, version), the earliest first: the
+    dispatch loop's poll, its query compiled once (``sql.values``)."""
+    rows = sql.values(
+        ("due dispatches", limit),
+        lambda: (
+            Dispatch.objects.due(sql.NOW)
+            .order_by("next_attempt_at")
+            .values_list("id", "version")[:limit]
+        ),
+        using=sql.routed(Dispatch),
+        now=now,
     )
+    return [(row[0], row[1]) for row in rows]

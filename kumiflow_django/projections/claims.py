@@ -15,6 +15,10 @@ event, a cron occurrence's runs. Two rules hold for every kind:
   version) makes the whole claim a no-op: nothing of it is kept, and the work
   is found again by a later poll if it is still due (:func:`claim`).
 
+Where the database can (``db.claims_in_one_statement``), a run's lease is
+one statement, which locks, checks and leases at once: a transaction of its
+own, with the same two rules (``claim(..., one_statement=True)``).
+
 When a claimed item's lease is free is the one rule of
 :mod:`kumiflow_django.store.leases`.
 """

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import ClassVar
 
 from django.db import models
+from django.db.models import Expression
 from django.utils.translation import gettext_lazy as _
 
 from kumiflow_django.definition.context import TaskRequest
@@ -47,7 +48,7 @@ class StepTaskQuerySet(models.QuerySet["StepTask", "StepTask"]):
         index alone (only pending tasks have one)."""
         return self.filter(next_attempt_at__lte=now)
 
-    def expired(self, now: datetime) -> StepTaskQuerySet:
+    def expired(self, now: datetime | Expression) -> StepTaskQuerySet:
         """Running attempts whose lease ran out (a dead worker, a timeout)."""
         return self.filter(leases.ran_out_q(now))
 

@@ -596,6 +596,10 @@ class Slot(Expression):
         return self.output_field.get_db_prep_value(value, connection, prepared=False)
 
 
+#: The moment a compiled poll compares due times and leases with (``now=``).
+NOW = Slot("now", models.DateTimeField())
+
+
 class _Compiled(NamedTuple):
     sql: str
     #: The statement's parameters: constants (adapted) and slots (bound per execution).

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from kumiflow_django.cron.schedules import fire_schedule, sync_schedules
 from kumiflow_django.projections.schedules import CronSchedule
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, sql
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
@@ -35,8 +35,17 @@ class CronLoop(Loop):
             else:
                 self._synced = True
         fired = 0
-        due = CronSchedule.objects.due(clock.now()).order_by("next_fire_at")
-        for workflow, version in due.values_list("workflow", "version")[: self.batch_size]:
+        due = sql.values(
+            ("due cron", self.batch_size),
+            lambda: (
+                CronSchedule.objects.due(sql.NOW)
+                .order_by("next_fire_at")
+                .values_list("workflow", "version")[: self.batch_size]
+            ),
+            using=sql.routed(CronSchedule),
+            now=clock.now(),
+        )
+        for workflow, version in due:
             if self.stopping:
                 break
             try:
@@ -48,9 +57,13 @@ class CronLoop(Loop):
         return fired
 
     def next_due(self) -> datetime | None:
-        return (
-            CronSchedule.objects.filter(enabled=True, next_fire_at__isnull=False)
-            .order_by("next_fire_at")
-            .values_list("next_fire_at", flat=True)
-            .first()
+        rows = sql.values(
+            "next cron",
+            lambda: (
+                CronSchedule.objects.filter(enabled=True, next_fire_at__isnull=False)
+                .order_by("next_fire_at")
+                .values_list("next_fire_at")[:1]
+            ),
+            using=sql.routed(CronSchedule),
         )
+        return rows[0][0] if rows else None

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from kumiflow_django.outbox.delivery import deliver_one, due_dispatches
 from kumiflow_django.projections.dispatches import Dispatch
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, sql
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.workers.loop import Loop
@@ -39,9 +39,13 @@ class DispatchLoop(Loop):
         return done
 
     def next_due(self) -> datetime | None:
-        return (
-            Dispatch.objects.filter(next_attempt_at__isnull=False)
-            .order_by("next_attempt_at")
-            .values_list("next_attempt_at", flat=True)
-            .first()
+        rows = sql.values(
+            "next dispatch",
+            lambda: (
+                Dispatch.objects.filter(next_attempt_at__isnull=False)
+                .order_by("next_attempt_at")
+                .values_list("next_attempt_at")[:1]
+            ),
+            using=sql.routed(Dispatch),
         )
+        return rows[0][0] if rows else None

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import models, router
+from django.db import router
 from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 
@@ -99,8 +99,6 @@ _COLUMNS = (
     "started_at",
     "since_position",
 )
-#: The moment a compiled query compares wake times and leases with.
-_NOW = sql.Slot("now", models.DateTimeField())
 
 
 def due_runs(now: datetime, limit: int, *, free: bool = False, only: Q | None = None) -> list[Due]:
@@ -119,7 +117,7 @@ def due_runs(now: datetime, limit: int, *, free: bool = False, only: Q | None = 
     # In the index's order only (no sort of the due range); ties are broken below.
     probe = sql.values(
         ("due runs", free, only, limit),
-        lambda: _due(_NOW, free, only).order_by("wake_at").values_list(*_COLUMNS)[: limit + 1],
+        lambda: _due(sql.NOW, free, only).order_by("wake_at").values_list(*_COLUMNS)[: limit + 1],
         using=sql.routed(WorkflowRun),
         now=now,
     )
@@ -154,7 +152,7 @@ def _leasing(count: int, only: Q) -> QuerySet[WorkflowRun, Any]:
     pk = WorkflowRun._meta.pk
     assert pk is not None
     ids: Any = [sql.Slot(f"id{i}", pk) for i in range(count)]
-    rows = _due(_NOW, True, only).filter(pk__in=ids)
+    rows = _due(sql.NOW, True, only).filter(pk__in=ids)
     return unclaimed(rows).values_list(*_Leased._fields)
 
 

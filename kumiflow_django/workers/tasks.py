@@ -38,7 +38,7 @@ from django.db.models import Min, QuerySet
 
 from kumiflow_django.conf import settings
 from kumiflow_django.projections.tasks import StepTask, TaskStatus
-from kumiflow_django.store import clock, db
+from kumiflow_django.store import clock, db, sql
 from kumiflow_django.store.telemetry import get_logger
 from kumiflow_django.store.wakeups import WorkKind
 from kumiflow_django.tasks import attempts, backends, runner_task
@@ -141,9 +141,15 @@ class TaskLoop(Loop):
     def expire(self, now: datetime) -> int:
         """Give up the attempts whose lease ran out (any worker's, any backend's)."""
         given_up = 0
-        expired = list(
-            StepTask.objects.expired(now).values_list("id", flat=True)[: self.batch_size]
-        )
+        expired = [
+            row[0]
+            for row in sql.values(
+                ("expired tasks", self.batch_size),
+                lambda: StepTask.objects.expired(sql.NOW).values_list("id")[: self.batch_size],
+                using=sql.routed(StepTask),
+                now=now,
+            )
+        ]
         for task_id in expired:
             try:
                 task = attempts.expire(task_id, now)
