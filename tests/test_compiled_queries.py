@@ -191,3 +191,30 @@ def test_a_query_that_can_match_nothing_reads_nothing_as_the_orm_does(waits, clo
     assert list(resume._due(clock.now(), True, nobody).values_list("id")) == []
     assert resume.due_runs(clock.now(), 10, free=True, only=nobody) == []
     assert len(resume.due_runs(clock.now(), 10, free=True, only=unserved.claim_filter())) == 1
+
+
+def test_the_idle_loops_polls_read_what_the_orm_reads(registry, clock):
+    from kumiflow_django import on_cron, start_workflow
+    from kumiflow_django.cron.schedules import sync_schedules
+    from kumiflow_django.models import CronSchedule, Dispatch
+    from kumiflow_django.outbox.delivery import due_dispatches
+    from kumiflow_django.workers.cron import CronLoop
+    from kumiflow_django.workers.dispatch import DispatchLoop
+
+    assert DispatchLoop().next_due() is None
+    assert CronLoop().next_due() is None
+    define_workflow("nightly", trigger=on_cron("0 9 * * *"), steps=[s.return_(1)])
+    define_workflow("hook", steps=[s.webhook_send("https://crm.example.com/hook", body={})])
+    sync_schedules()
+    start_workflow("hook")
+    start_workflow("hook")
+
+    first = Dispatch.objects.order_by("next_attempt_at").values_list("next_attempt_at", flat=True)
+    assert DispatchLoop().next_due() == first.first()
+    fires = CronSchedule.objects.order_by("next_fire_at").values_list("next_fire_at", flat=True)
+    assert CronLoop().next_due() == fires.first() is not None
+    for now in (clock.now() - timedelta(hours=1), clock.now()):
+        orm = Dispatch.objects.due(now).order_by("next_attempt_at").values_list("id", "version")
+        assert due_dispatches(now, 10) == list(orm[:10])
+    assert len(due_dispatches(clock.now(), 10)) == 2
+    assert len(due_dispatches(clock.now(), 1)) == 1  # the limit is part of the shape
