@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, models, transaction
+from django.db import NotSupportedError, connection, models, transaction
 from django.db.models import Q, QuerySet
 from django.db.transaction import TransactionManagementError
 
@@ -20,7 +20,7 @@ from kumiflow_django import steps as s
 from kumiflow_django.engine import unserved
 from kumiflow_django.models import WorkflowRun
 from kumiflow_django.projections.claims import unclaimed
-from kumiflow_django.store import leases
+from kumiflow_django.store import db, leases
 from kumiflow_django.store import sql as rowsql
 from kumiflow_django.workers import resume
 
@@ -218,3 +218,25 @@ def test_the_idle_loops_polls_read_what_the_orm_reads(registry, clock):
         assert due_dispatches(now, 10) == list(orm[:10])
     assert len(due_dispatches(clock.now(), 10)) == 2
     assert len(due_dispatches(clock.now(), 1)) == 1  # the limit is part of the shape
+
+
+def test_a_slot_bound_to_none_is_refused_not_compared_with_null():
+    with pytest.raises(ValueError, match="no None"):
+        rowsql.values(
+            "test none",
+            lambda: WorkflowRun.objects.filter(wake_at__lte=NOW).values_list("id"),
+            using="default",
+            now=None,
+        )
+
+
+def test_an_update_returning_the_rows_as_they_were_is_refused_where_it_cannot_be_one():
+    if db.claims_in_one_statement():
+        pytest.skip("it can here")  # noqa: PT018
+    with pytest.raises(NotSupportedError):
+        rowsql.update_selected(
+            "test update",
+            lambda: WorkflowRun.objects.values_list("id"),
+            using="default",
+            sets={"lease_owner": "w"},
+        )

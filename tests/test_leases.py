@@ -4,17 +4,19 @@ a leased, an expired run and one at the last instant of its lease."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import OperationalError, connection, transaction
 from django.urls import reverse
 
 from kumiflow_django import define_workflow, start_workflow
 from kumiflow_django import steps as s
 from kumiflow_django.admin import overview
 from kumiflow_django.models import WorkflowRun
-from kumiflow_django.store import leases
-from kumiflow_django.workers.resume import ResumeLoop, due_runs
+from kumiflow_django.store import db, leases
+from kumiflow_django.workers.resume import Due, ResumeLoop, due_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -98,3 +100,46 @@ def test_a_lease_of_its_own_takes_the_same_rows_and_writes_itself(naps, clock):
     }
     # Taken now: another worker's lease of the same runs takes none of them.
     assert ResumeLoop(worker_id="worker-other", threads=1)._lease(due_runs(now, 10), now) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_of_its_own_waits_no_longer_than_the_lock_timeout(naps, clock, settings):
+    """SKIP LOCKED skips locked rows, not a locked table (an ALTER TABLE, a
+    CREATE INDEX): the one-statement lease must give up after the lock
+    timeout, a transient error the loop backs off from, as the transaction
+    it replaces did, not wait for as long as the table is held."""
+    if not db.claims_in_one_statement():
+        pytest.skip("the lease is a transaction here, bounded as every one")  # noqa: PT018
+    settings.KUMIFLOW_LOCK_TIMEOUT = 0.2
+    locked, done = threading.Event(), threading.Event()
+
+    def hold_the_table() -> None:
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"LOCK TABLE {WorkflowRun._meta.db_table} IN ACCESS EXCLUSIVE MODE"
+                    )
+                locked.set()
+                assert done.wait(timeout=30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_table)
+    holder.start()
+    try:
+        assert locked.wait(timeout=30)
+        now = clock.now()
+        chunk = [Due(pk, 2, "", None) for pk in naps]
+        with pytest.raises(OperationalError) as raised:
+            ResumeLoop(worker_id="worker-new", threads=1)._lease(chunk, now)
+        assert db.is_transient(raised.value)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            assert cursor.fetchone() == ("200ms",)
+    finally:
+        done.set()
+        holder.join(timeout=30)
+    claimed = ResumeLoop(worker_id="worker-new", threads=1)._lease(due_runs(now, 10), now)
+    assert {naps[c.id] for c in claimed} == {"free", "expired"}
+    connection.close()  # its session keeps the short timeout: no other test does

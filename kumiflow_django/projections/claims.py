@@ -45,9 +45,12 @@ def claim[T](take: Callable[[], T], *, lost: T, one_statement: bool = False) -> 
     work) in one transaction of its own; ``lost`` when a concurrent writer got
     there first. ``one_statement``: ``take`` sends one statement, which
     outside a transaction is a transaction of its own (no ``BEGIN``, no
-    ``COMMIT``: where ``db.claims_in_one_statement``)."""
+    ``COMMIT``: where ``db.claims_in_one_statement``), its waits bounded by
+    its session's limits (``db.bound_session``) as a transaction's would be."""
     try:
-        if one_statement and db.connection().get_autocommit():
+        connection = db.connection()
+        if one_statement and connection.get_autocommit():
+            db.bound_session(connection)
             return take()
         with db.atomic():
             return take()

@@ -9,9 +9,11 @@ shape and fed with each field's own ``get_db_prep_save``, so values are
 adapted exactly as the ORM would adapt them.
 
 The loops' polls (the resume loop's due probe, its lease, its next wake
-time) keep their ORM queries, compiled once per shape instead
-(:func:`values`): the query is the one its manager methods build
-(``due()``, ``free_q()``), its changing values :class:`Slot` objects.
+time; the dispatch, cron and task loops' due and next-due reads) keep their
+ORM queries, compiled once per shape instead (:func:`values`): the query is
+the one its manager methods build (``due()``, ``free_q()``), its changing
+values :class:`Slot` objects. On PostgreSQL the resume loop's lease wraps
+its compiled locking read in one UPDATE (:func:`update_selected`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any, NamedTuple
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connections, models, transaction
+from django.db import NotSupportedError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Expression, Field, Model, QuerySet
@@ -593,6 +595,8 @@ class Slot(Expression):
         return "%s", (self,)
 
     def bind(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
+        if value is None:  # "= NULL" matches nothing, where the ORM would say IS NULL
+            raise ValueError(f"slot {self.name!r}: a compiled query compares no None")
         return self.output_field.get_db_prep_value(value, connection, prepared=False)
 
 
@@ -608,6 +612,8 @@ class _Compiled(NamedTuple):
     fields: tuple[Field[Any, Any], ...]
     #: Whether it locks its rows (then only inside a transaction, as the ORM says).
     locks: bool
+    #: The model whose rows it reads.
+    model: type[Model] | None
 
 
 #: Compiled queries by (key, alias). Bounded: a key that changes for good
@@ -617,7 +623,7 @@ _COMPILED_MAX = 512
 
 
 #: A query that can match no row (an empty ``IN`` list): the ORM sends nothing.
-_NOTHING = _Compiled("", (), (), False)
+_NOTHING = _Compiled("", (), (), False, None)
 
 
 def _compile(qs: QuerySet[Any, Any], using: str) -> _Compiled:
@@ -632,7 +638,7 @@ def _compile(qs: QuerySet[Any, Any], using: str) -> _Compiled:
         if not isinstance(target, Field):
             raise TypeError(f"a compiled query selects plain columns only, not {expression!r}")
         fields.append(target)
-    return _Compiled(sql, tuple(params), tuple(fields), bool(qs.query.select_for_update))
+    return _Compiled(sql, tuple(params), tuple(fields), bool(qs.query.select_for_update), qs.model)
 
 
 def _compiled(key: Hashable, build: Callable[[], QuerySet[Any, Any]], using: str) -> _Compiled:
@@ -686,24 +692,27 @@ def values(
 
 @functools.lru_cache(maxsize=256)
 def _update_selected_sql(
-    select: str, fields: tuple[Field[Any, Any], ...], using: str, sets: tuple[str, ...]
+    model: type[Model],
+    select: str,
+    fields: tuple[Field[Any, Any], ...],
+    using: str,
+    sets: tuple[str, ...],
 ) -> str:
     connection = connections[using]
     qn = connection.ops.quote_name
-    model = fields[0].model
-    assert model is not None
     meta = model._meta
     pk = meta.pk
     assert pk is not None and pk in fields, "the read selects the primary key"
+    assert all(f.model is model for f in fields), "the read selects the updated table's columns"
     names = [f"c{i}" for i in range(len(fields))]
     assignments = ", ".join(f"{qn(_column(meta.get_field(name)))} = %s" for name in sets)  # type: ignore[arg-type]
     target = qn(meta.db_table)
-    returned = ", ".join(f"old.{name}" for name in names)
+    returned = ", ".join(f"picked.{name}" for name in names)
     key = names[fields.index(pk)]
     # Names come from the model, quoted; the read is the ORM's; values are parameters.
     return (
-        f"UPDATE {target} SET {assignments} FROM ({select}) AS old ({', '.join(names)})"  # noqa: S608
-        f" WHERE {target}.{qn(_column(pk))} = old.{key} RETURNING {returned}"
+        f"UPDATE {target} SET {assignments} FROM ({select}) AS picked ({', '.join(names)})"  # noqa: S608
+        f" WHERE {target}.{qn(_column(pk))} = picked.{key} RETURNING {returned}"
     )
 
 
@@ -721,14 +730,16 @@ def update_selected(
     rows as the read saw them, before the update, converted as :func:`values`
     converts them. Only where ``db.claims_in_one_statement``: outside a
     transaction the statement is one of its own."""
+    if not db.claims_in_one_statement(using):
+        raise NotSupportedError("an UPDATE returning the rows as they were: PostgreSQL only")
     connection = connections[using]
     compiled = _compiled(key, build, using)
     if compiled is _NOTHING:
         return []
-    model = compiled.fields[0].model
+    model = compiled.model
     assert model is not None
     fields = [model._meta.get_field(name) for name in sets]
-    sql = _update_selected_sql(compiled.sql, compiled.fields, using, tuple(sets))
+    sql = _update_selected_sql(model, compiled.sql, compiled.fields, using, tuple(sets))
     params = [f.get_db_prep_save(v, connection) for f, v in zip(fields, sets.values(), strict=True)]  # type: ignore[union-attr]
     params += _bound(compiled, slots, connection)
     return fetch(sql, params, compiled.fields, using=using)

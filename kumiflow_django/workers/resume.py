@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import router
 from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 
@@ -253,8 +252,9 @@ class ResumeLoop(Loop):
 
     def _lease(self, chunk: list[Due], now: datetime, only: Q | None = None) -> list[Claimed]:
         """Lease the runs of ``chunk`` that are still due and free, in one short
-        transaction. Rows another worker is leasing at this moment are skipped
-        (``SKIP LOCKED`` where the database has it): workers take disjoint runs
+        transaction (on PostgreSQL one statement, a transaction of its own).
+        Rows another worker is leasing at this moment are skipped (``SKIP
+        LOCKED`` where the database has it): workers take disjoint runs
         instead of contending for the same ones."""
         only = only if only is not None else unserved.claim_filter()
         lease_until = now + timedelta(seconds=settings.LEASE_SECONDS)
@@ -262,7 +262,9 @@ class ResumeLoop(Loop):
 
         key = ("lease", len(chunk), only)
         ids = {f"id{i}": due.id for i, due in enumerate(chunk)}
-        one_statement = db.claims_in_one_statement()
+        # The claim's own database: its transaction, or its statement's session.
+        using = db.alias()
+        one_statement = db.claims_in_one_statement(using)
 
         def lease() -> list[_Leased]:
             if one_statement:
@@ -270,7 +272,7 @@ class ResumeLoop(Loop):
                 rows = sql.update_selected(
                     key,
                     lambda: _leasing(len(chunk), only),
-                    using=router.db_for_write(WorkflowRun),
+                    using=using,
                     sets={"lease_owner": self.worker_id, "lease_until": lease_until},
                     now=now,
                     **ids,
