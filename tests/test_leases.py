@@ -8,7 +8,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import connection, transaction
 from django.urls import reverse
 
 from kumiflow_django import define_workflow, start_workflow
@@ -16,7 +16,7 @@ from kumiflow_django import steps as s
 from kumiflow_django.admin import overview
 from kumiflow_django.models import WorkflowRun
 from kumiflow_django.store import db, leases
-from kumiflow_django.workers.resume import Due, ResumeLoop, due_runs
+from kumiflow_django.workers.resume import ResumeLoop, due_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -103,43 +103,68 @@ def test_a_lease_of_its_own_takes_the_same_rows_and_writes_itself(naps, clock):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_lease_of_its_own_waits_no_longer_than_the_lock_timeout(naps, clock, settings):
-    """SKIP LOCKED skips locked rows, not a locked table (an ALTER TABLE, a
-    CREATE INDEX): the one-statement lease must give up after the lock
-    timeout, a transient error the loop backs off from, as the transaction
-    it replaces did, not wait for as long as the table is held."""
+def test_a_lease_of_its_own_held_up_by_a_table_lock_leases_once_it_is_gone(naps, clock):
+    """A migration that locks the run table (a non-concurrent CREATE INDEX
+    blocks an UPDATE) holds up the one-statement lease as it holds up the
+    due probe: the lease goes on when the lock is gone, takes the same runs,
+    and leaves its connection's session as it found it (no SET: behind a
+    transaction pooler a session's SET would land on another client's
+    server connection)."""
     if not db.claims_in_one_statement():
         pytest.skip("the lease is a transaction here, bounded as every one")  # noqa: PT018
-    settings.KUMIFLOW_LOCK_TIMEOUT = 0.2
-    locked, done = threading.Event(), threading.Event()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        )
+        session = cursor.fetchone()
+    now = clock.now()
+    chunk = due_runs(now, 10)
+    table = WorkflowRun._meta.db_table
+    locked, release = threading.Event(), threading.Event()
+    leased: list[object] = []
+    after: list[object] = []
 
     def hold_the_table() -> None:
         try:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        f"LOCK TABLE {WorkflowRun._meta.db_table} IN ACCESS EXCLUSIVE MODE"
-                    )
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {table} IN SHARE MODE")  # a CREATE INDEX's lock
                 locked.set()
-                assert done.wait(timeout=30)
+                assert release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def lease() -> None:
+        try:
+            leased.extend(ResumeLoop(worker_id="worker-new", threads=1)._lease(chunk, now))
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+                )
+                after.append(cursor.fetchone())
         finally:
             connection.close()
 
     holder = threading.Thread(target=hold_the_table)
     holder.start()
+    assert locked.wait(timeout=30)
+    leaser = threading.Thread(target=lease)
+    leaser.start()
     try:
-        assert locked.wait(timeout=30)
-        now = clock.now()
-        chunk = [Due(pk, 2, "", None) for pk in naps]
-        with pytest.raises(OperationalError) as raised:
-            ResumeLoop(worker_id="worker-new", threads=1)._lease(chunk, now)
-        assert db.is_transient(raised.value)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT current_setting('lock_timeout')")
-            assert cursor.fetchone() == ("200ms",)
+        with connection.cursor() as cursor:  # the lease waits for the table's lock
+            for _ in range(3000):
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                    [table],
+                )
+                if cursor.fetchone()[0]:
+                    break
+                threading.Event().wait(0.01)
+            else:
+                pytest.fail("the lease never waited for the table's lock")
+        assert not leased
     finally:
-        done.set()
+        release.set()
         holder.join(timeout=30)
-    claimed = ResumeLoop(worker_id="worker-new", threads=1)._lease(due_runs(now, 10), now)
-    assert {naps[c.id] for c in claimed} == {"free", "expired"}
-    connection.close()  # its session keeps the short timeout: no other test does
+        leaser.join(timeout=30)
+    assert {naps[c.id] for c in leased} == {"free", "expired"}  # type: ignore[attr-defined]
+    assert after == [session]  # the lease's session: as the server set it

@@ -45,12 +45,13 @@ def claim[T](take: Callable[[], T], *, lost: T, one_statement: bool = False) -> 
     work) in one transaction of its own; ``lost`` when a concurrent writer got
     there first. ``one_statement``: ``take`` sends one statement, which
     outside a transaction is a transaction of its own (no ``BEGIN``, no
-    ``COMMIT``: where ``db.claims_in_one_statement``), its waits bounded by
-    its session's limits (``db.bound_session``) as a transaction's would be."""
+    ``COMMIT``: where ``db.claims_in_one_statement``). Such a statement has
+    no transaction to bound its waits in (``db.bound_waits``), and a
+    session's ``SET`` would outlive it on a pooled server connection: like the
+    due probe before it, it waits for a table lock (a migration) as long as
+    the lock is held; what it leases is guarded by the stream's version."""
     try:
-        connection = db.connection()
-        if one_statement and connection.get_autocommit():
-            db.bound_session(connection)
+        if one_statement and db.connection().get_autocommit():
             return take()
         with db.atomic():
             return take()

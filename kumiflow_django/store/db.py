@@ -40,7 +40,6 @@ import contextvars
 import functools
 import random
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -182,48 +181,6 @@ def bound_waits(conn: BaseDatabaseWrapper) -> None:
     params = [value for name, ms in bounds.items() for value in (name, f"{ms}ms")]
     with conn.cursor() as cursor:
         cursor.execute(f"SELECT {sql}", params)
-
-
-#: The bounds each driver connection's session has (:func:`bound_session`):
-#: a new connection is a new object, a changed setting other bounds.
-_bounded_sessions: weakref.WeakKeyDictionary[Any, tuple[tuple[str, int], ...]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def bound_session(conn: BaseDatabaseWrapper) -> None:
-    """Set the limits of :func:`wait_bounds` for the session of ``conn``, once
-    per connection: a statement that is a transaction of its own (the resume
-    loop's lease on PostgreSQL, ``claim(one_statement=True)``) has no
-    transaction to set them in, and must not wait without limit for a lock
-    (a table lock SKIP LOCKED does not skip). The engine's own transactions
-    set theirs again (``SET LOCAL``); a connection the loop shares with the
-    caller (``run_until_idle`` in a test) keeps them for its session.
-    PostgreSQL only, as :func:`bound_waits`."""
-    if conn.vendor != "postgresql":
-        return
-    # Not the idle-in-transaction limit: a worker's is its session's already,
-    # and a caller's own transactions on a shared connection must keep theirs.
-    # 0 leaves the server's value, as for a transaction.
-    bounds = tuple(
-        (name, ms)
-        for name, ms in wait_bounds().items()
-        if ms and name != "idle_in_transaction_session_timeout"
-    )
-    conn.ensure_connection()
-    raw = conn.connection
-    before = _bounded_sessions.get(raw, ())
-    if before == bounds:
-        return
-    with conn.cursor() as cursor:
-        if bounds:
-            sql = ", ".join("set_config(%s, %s, false)" for _ in bounds)
-            params = [value for name, ms in bounds for value in (name, f"{ms}ms")]
-            cursor.execute(f"SELECT {sql}", params)
-        for name, _ in before:
-            if name not in dict(bounds):
-                cursor.execute(f"RESET {name}")  # one of wait_bounds()' names
-    _bounded_sessions[raw] = bounds
 
 
 def on_commit(fn: Callable[[], Any]) -> None:
