@@ -667,9 +667,12 @@ def w7(db: str) -> dict[str, Any]:
     from kumiflow_django.models import StepTask, WorkflowRun
 
     trace = Path(tempfile.mkstemp(prefix="w7-tx-", suffix=".json")[1])
+    # BENCH_W7_PROFILE=path: a cProfile of the worker process (bench/instrument.py).
+    profile = os.environ.get("BENCH_W7_PROFILE")
     worker = _spawn_worker(
         url,
-        {"PGAPPNAME": "bench-worker", "BENCH_TX_TRACE": str(trace)},
+        {"PGAPPNAME": "bench-worker", "BENCH_TX_TRACE": str(trace)}
+        | ({"BENCH_PROCESS_PROFILE": profile} if profile else {}),
         "--task-threads",
         "32",
     )

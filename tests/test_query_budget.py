@@ -148,8 +148,10 @@ BUDGETS: dict[str, dict[str, int]] = {
     # began waiting meanwhile is found). The head is read in the INSERT and
     # the segment's RELEASE is left to the append's (16/18/18 before).
     "event-wake": {"sqlite": 14, "postgresql": 16, "mysql": 17},
-    # Recording a task's outcome; its run resumes and completes.
-    "task": {"sqlite": 17, "postgresql": 18, "mysql": 17},  # its wake as event-wake
+    # Recording a task's outcome; its run resumes and completes. The task's
+    # run is placed in the lock order by the task's key, one statement, and
+    # the segment's RELEASE is left to the recording's COMMIT (17/18/17 before).
+    "task": {"sqlite": 15, "postgresql": 16, "mysql": 15},
     # The resume loop's pass in which a child's timer ends it and its end
     # settles its waiting parent (the parent resumes in a later pass).
     "child": {"sqlite": 20, "postgresql": 19, "mysql": 20},  # 21/24/21, then PG 23, before

@@ -528,7 +528,7 @@ def _held(run_id: uuid.UUID) -> bool:
 
 def mark_matched(run_id: uuid.UUID, event: Event) -> None:
     """Record the awaited event on the run and make it due for the resume loop."""
-    with db.atomic():
+    with db.atomic(takes_nested=True):
         run = lock_run(run_id, skip_locked=False)
         if run is None or not satisfies(run, event):
             return
@@ -540,7 +540,8 @@ def _match(run: WorkflowRun, event: Event) -> None:
     if run.matched_position is not None:
         return
     try:
-        with db.atomic():
+        # Its RELEASE is left to the enclosing append's or recording's.
+        with db.atomic(leaves_release=True):
             segment = Segment(run.id, run.tenant_id, run)
             matched: pl.EventMatched = {
                 "event": {"position": event.position, "event_id": str(event.event_id)}

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from django.db import models
+from django.db.models import Field, Subquery
 
 from kumiflow_django.projections.dispatches import Dispatch
 from kumiflow_django.projections.runs import WorkflowRun
@@ -111,9 +114,35 @@ def lock_owned[M: (StepTask, Dispatch)](
     """A task or a dispatch (``also``: further conditions), locked after its run
     (and the run's waiting parent): its outcome may wake and end the run, and a
     cancel of the run locks the run, then the rows it owns. ``run_id`` is written
-    once, by the row's first event: read without a lock, it cannot change."""
-    qs = model._default_manager.filter(pk=pk, **also)
-    run_id = qs.values_list("run_id", flat=True).first()
-    if run_id is not None:
-        lock_run(run_id)
-    return for_update(qs, skip_locked=skip_locked).first()
+    once, by the row's first event: read without a lock, it cannot change.
+
+    Its run's place in the lock order is read by the row's key in one statement
+    built once (the run whose key the row names), the row itself by key: a task's
+    outcome is recorded once per attempt, and the ORM's compiler cost more than
+    the database on it. The run is locked whether or not ``also`` holds: one
+    lock more, in the order, and the row is None."""
+    using = sql.routed(WorkflowRun)
+    owner = sql.values(
+        ("lock-owned", model, using),
+        lambda: WorkflowRun.objects.filter(
+            pk=Subquery(
+                model._default_manager.filter(pk=sql.Slot("pk", _pk(model))).values("run_id")[:1]
+            )
+        ).values_list("pk", "depth", "parent_id", "parent_waits"),
+        using=using,
+        pk=pk,
+    )
+    for run_id, depth, parent, waits in owner:
+        lock_placed({run_id: Placed(depth, parent, waits)})
+    if also:
+        return for_update(
+            model._default_manager.filter(pk=pk, **also), skip_locked=skip_locked
+        ).first()
+    rows = sql.by_pk(model, [pk], lock=True, skip_locked=skip_locked)
+    return rows[0] if rows else None
+
+
+def _pk(model: type[models.Model]) -> Field[Any, Any]:
+    pk = model._meta.pk
+    assert pk is not None
+    return pk

@@ -275,8 +275,9 @@ def _run(attempt: Attempt) -> Outcome:
 @db.retrying
 def record(attempt: Attempt, outcome: Outcome) -> StepTask | None:
     """Record an attempt's outcome, if it is still the current attempt and its
-    lease has not run out (at the engine's clock)."""
-    with db.atomic():
+    lease has not run out (at the engine's clock). The savepoint of what the
+    outcome wakes (the run's segment, its match) is released with the commit."""
+    with db.atomic(takes_nested=True):
         task = lock_owned(StepTask, attempt.task_id)
         if task is None:
             return None
