@@ -424,12 +424,16 @@ def w11(db: str) -> dict[str, Any]:
     peak = {"rss": 0.0}
 
     def finished(i: int) -> bool:
+        if retention.poll() is not None:
+            return True
         if i % 50 == 0:
+            # A process that exits after the poll is a zombie for an instant:
+            # its status has no memory lines then (and none once reaped).
             try:
-                peak["rss"] = max(peak["rss"], proc_status(retention.pid)["VmHWM"])
+                peak["rss"] = max(peak["rss"], proc_status(retention.pid).get("VmHWM", 0.0))
             except OSError:
                 pass
-        return retention.poll() is not None
+        return False
 
     during_began, machine = time.monotonic(), machine_cpu()
     during = _start_latencies("during", finished)

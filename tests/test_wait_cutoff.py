@@ -112,3 +112,45 @@ class TestLookback:
         wait = Wait("paid", "t", {"payload.order": 9}, Cutoff(start.position))
         found = wait.lookback()
         assert found is not None and wait.accepts(found)
+
+
+class _Undone(Exception):
+    pass
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db
+def test_the_gaps_below_a_position_are_the_positions_not_visible_in_its_window(monkeypatch):
+    """Appends rolled back leave holes in the positions (a sequence is not
+    rolled back): ``gaps_below`` names exactly the positions of its window that
+    are not visible, in order, whether the hole is at the window's floor, in the
+    middle, runs over several positions, or is above every visible event."""
+    from django.db import transaction
+
+    from kumiflow_django.definition import matching
+    from kumiflow_django.store.models import Event
+
+    def undone(*streams: str) -> None:
+        with pytest.raises(_Undone), transaction.atomic():
+            for stream in streams:
+                append_event(stream, "noise", {}, tenant="t")
+            raise _Undone
+
+    undone("h-0")
+    append_event("a", "noise", {}, tenant="t")
+    undone("h-1", "h-2", "h-3")
+    append_event("b", "noise", {}, tenant="t")
+    append_event("c", "noise", {}, tenant="t")
+    undone("h-4")
+    append_event("d", "noise", {}, tenant="t")
+    undone("h-5", "h-6")  # above every visible event
+
+    visible = set(Event.objects.values_list("position", flat=True))
+    top = max(visible) + 2
+    assert len(set(range(1, top + 1)) - visible) >= 7
+    for window in (3, 1000):
+        monkeypatch.setattr(matching, "GAP_WINDOW", window)
+        for position in range(0, top + 3):
+            low = max(0, position - window)
+            expected = [p for p in range(low + 1, position + 1) if p not in visible]
+            assert matching.gaps_below(position) == expected[-matching.MAX_GAPS :], position

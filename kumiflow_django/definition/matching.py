@@ -26,7 +26,7 @@ from typing import Any
 from django.db.models import F, Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
-from kumiflow_django.store import db
+from kumiflow_django.store import db, sql
 from kumiflow_django.store import names as ev
 from kumiflow_django.store.models import Event
 
@@ -169,13 +169,29 @@ def gaps_below(position: int) -> list[int]:
     an event at one of them counts as after its start.
     """
     low = max(0, position - GAP_WINDOW)
-    present = set(
-        Event.objects.filter(position__gt=low, position__lte=position).values_list(
-            "position", flat=True
-        )
-    )
+    present = {row[0] for row in _positions(low, position)}
     gaps = [p for p in range(low + 1, position + 1) if p not in present]
     return gaps[-MAX_GAPS:]
+
+
+#: The slots of :func:`_positions`' query, compiled once (``store.sql.values``).
+_ABOVE = sql.Slot("above", Event._meta.get_field("position"))
+_UP_TO = sql.Slot("up_to", Event._meta.get_field("position"))
+
+
+def _positions(above: int, up_to: int) -> list[tuple[Any, ...]]:
+    """The visible positions in ``(above, up_to]``: read at each start of a run
+    that waits for events and at each event it takes, on the servers; the ORM
+    building the query each time cost more than the database reading it."""
+    return sql.values(
+        "gaps-below",
+        lambda: Event.objects.filter(position__gt=_ABOVE, position__lte=_UP_TO).values_list(
+            "position"
+        ),
+        using=db.alias(),
+        above=above,
+        up_to=up_to,
+    )
 
 
 @dataclass(frozen=True, slots=True)

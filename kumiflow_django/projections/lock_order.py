@@ -121,7 +121,7 @@ def lock_owned[M: (StepTask, Dispatch)](
     outcome is recorded once per attempt, and the ORM's compiler cost more than
     the database on it. The run is locked whether or not ``also`` holds: one
     lock more, in the order, and the row is None."""
-    using = sql.routed(WorkflowRun)
+    using = sql.routed(model, lock=True)  # where the locks are taken, never a replica
     owner = sql.values(
         ("lock-owned", model, using),
         lambda: WorkflowRun.objects.filter(
