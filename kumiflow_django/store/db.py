@@ -80,7 +80,8 @@ def atomic(
     for nothing: the enclosing RELEASE releases the savepoints inside it too.
     A block with ``leaves_release`` that succeeds leaves its RELEASE to the
     block it is directly in, when that block ``takes_nested`` (an append, whose
-    receivers start and wake runs, and ``start_workflow``), at most
+    receivers start and wake runs, ``start_workflow``, the recording of a
+    task's outcome and the match of an awaited event), at most
     :data:`MAX_LEFT_TO_ENCLOSING` times per block: each savepoint left open
     nests the next one inside it, and PostgreSQL pays for every level when it
     releases them. A block that fails still rolls back to its own savepoint,
