@@ -90,6 +90,7 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30) -> list[int]
             codes.append(proc.wait(timeout))
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()  # reaped: an unreaped child warns when it is collected, in a later test
             codes.append(-9)
     return codes
 

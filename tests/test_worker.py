@@ -191,6 +191,7 @@ def test_a_second_signal_exits_at_once_while_a_step_is_busy():
     finally:
         if worker.poll() is None:
             worker.kill()
+            worker.wait()
     assert code == 1, output(worker)[-2000:]
     assert "second signal: exiting now" in output(worker)
     run = WorkflowRun.objects.get()
