@@ -110,6 +110,14 @@ class Recorder:
     def __call__(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
     ) -> Any:
+        given = list(params or ())
+        for part in _parts(sql):
+            count = part.count("%s")
+            self.record(part, given[:count])
+            given = given[count:]
+        return execute(sql, params, many, context)
+
+    def record(self, sql: str, params: Any) -> None:
         update = _UPDATE.match(sql)
         insert = None if update else _INSERT.match(sql)
         if update or insert:
@@ -130,7 +138,21 @@ class Recorder:
                 assert insert is not None
                 names = re.findall(r"\w+", insert["cols"])
                 self.writes.append(Write("insert", dict.fromkeys(names), writer, fold))
-        return execute(sql, params, many, context)
+
+
+#: A write of several statements in one (``sql.write_together``): ``WITH w0 AS
+#: (<statement>), w1 AS (<statement>) SELECT ...``.
+_FUSED_PART = re.compile(r"(?:^WITH |\), )w\d+ AS \(")
+_FUSED_END = re.compile(r"(?: RETURNING 1)?\) SELECT (?:ARRAY|\(SELECT COUNT).*$", re.S)
+
+
+def _parts(sql: str) -> list[str]:
+    """The statements of ``sql``: itself, or those of a fused write."""
+    if not sql.startswith("WITH w0 AS ("):
+        return [sql]
+    parts = _FUSED_PART.split(sql)[1:]
+    parts[-1] = _FUSED_END.sub("", parts[-1])
+    return [re.sub(r" RETURNING (1|\S+)$", "", part) for part in parts]
 
 
 def reload(run: WorkflowRun) -> WorkflowRun:

@@ -15,12 +15,16 @@ added. :func:`write` then writes a set of changes together:
 4. ``event_appended`` for every event, in order, so projections, triggers
    and awaited-event wake-ups act in the same transaction.
 
+On PostgreSQL 1-3 are one statement (data-modifying ``WITH``,
+``sql.write_together``): one round trip for a segment's events and its
+run's row, with the same rows written and the same errors raised.
+
 Call it inside a transaction: the caller decides its bounds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -111,16 +115,26 @@ def write(changes: Iterable[Change[Any]]) -> None:
     pending = [c for c in changes if c.events]
     using = db.alias()
     events = [event for change in pending for event in change.events]
-    insert(events, using=using)
     new_rows: dict[type[models.Model], list[models.Model]] = {}
     for change in pending:
         if change.new:
             new_rows.setdefault(change.stream.model, []).append(change.saved)
-    for model, rows in new_rows.items():
-        sql.insert(model, rows, using=using, return_pk=False)
-    for change in pending:
-        if not change.new:
-            _update(change, using)
+    updates = [_update(change) for change in pending if not change.new]
+    inserts: list[tuple[type[models.Model], Sequence[models.Model], bool]] = [(Event, events, True)]
+    inserts += [(model, rows, False) for model, rows in new_rows.items()]
+    if db.writes_in_one_statement(using) and sql.fits_one_statement(inserts, updates):
+        counts = sql.write_together(inserts, updates, using=using)
+    else:
+        insert(events, using=using)
+        for model, rows in new_rows.items():
+            sql.insert(model, rows, using=using, return_pk=False)
+        counts = [sql.update_changed(u.obj, u.before, where=u.where, using=using) for u in updates]
+    for update, count in zip(updates, counts, strict=True):
+        if not count:
+            row = update.obj
+            raise StaleRow(
+                f"{row._meta.model_name} {row.pk} is no longer at version {update.where['version']}"
+            )
     derived: dict[Callable[[list[Change[Any]]], None], list[Change[Any]]] = {}
     for change in pending:
         if change.stream.after_write is not None:
@@ -130,16 +144,12 @@ def write(changes: Iterable[Change[Any]]) -> None:
     notify(events)
 
 
-def _update(change: Change[Any], using: str) -> None:
+def _update(change: Change[Any]) -> sql.Update:
+    """The UPDATE of a changed row, conditional on the version it was read at."""
     row = change.saved
     assert change.before is not None
     key = row._meta.pk.attname
-    where = {key: getattr(row, key), "version": change.base_version}
-    if not sql.update_changed(row, change.before, where=where, using=using):
-        raise StaleRow(
-            f"{row._meta.model_name} {getattr(row, key)} is no longer at version "
-            f"{change.base_version}"
-        )
+    return sql.Update(row, change.before, {key: getattr(row, key), "version": change.base_version})
 
 
 def write_one[M: models.Model](change: Change[M]) -> M:

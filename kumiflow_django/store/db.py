@@ -284,6 +284,13 @@ def claims_in_one_statement(using: Using = None) -> bool:
     return _vendor(using) == "postgresql"
 
 
+def writes_in_one_statement(using: Using = None) -> bool:
+    """Whether one write's INSERTs and UPDATEs go in one statement, data-modifying
+    statements inside ``WITH`` (``sql.write_together``): PostgreSQL. MariaDB and
+    SQLite have no such statements; there each is a statement of its own."""
+    return _vendor(using) == "postgresql"
+
+
 def explicit_ids_leave_sequence_behind(using: Using = None) -> bool:
     """Whether inserting a row with its own id leaves the id sequence where it
     was (PostgreSQL); MariaDB's and SQLite's counters move past it by themselves."""

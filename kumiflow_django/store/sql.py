@@ -160,7 +160,15 @@ def snapshot(obj: Model) -> dict[str, Any]:
 def update_changed(obj: Model, before: dict[str, Any], *, where: dict[str, Any], using: str) -> int:
     """UPDATE the columns of ``obj`` that differ from ``before``, for the row
     matching ``where`` (attnames); return the number of rows changed."""
-    connection = connections[using]
+    sql, params = _update_statement(obj, before, where, connections[using])
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+
+def _update_statement(
+    obj: Model, before: dict[str, Any], where: dict[str, Any], connection: BaseDatabaseWrapper
+) -> tuple[str, list[Any]]:
     qn = connection.ops.quote_name
     meta = obj._meta
     values = obj.__dict__
@@ -182,10 +190,98 @@ def update_changed(obj: Model, before: dict[str, Any], *, where: dict[str, Any],
         for f, v in zip(keys, where.values(), strict=True)
     ]
     # Table and column names come from the model, quoted; values are parameters.
-    sql = f"UPDATE {qn(meta.db_table)} SET {sets} WHERE {conditions}"  # noqa: S608
+    return f"UPDATE {qn(meta.db_table)} SET {sets} WHERE {conditions}", params  # noqa: S608
+
+
+class Update(NamedTuple):
+    """One row's UPDATE in :func:`write_together`: the columns of ``obj`` that
+    differ from ``before``, for the row matching ``where`` (attnames)."""
+
+    obj: Model
+    before: dict[str, Any]
+    where: dict[str, Any]
+
+
+def write_together(
+    inserts: Sequence[tuple[type[Model], Sequence[Model], bool]],
+    updates: Sequence[Update],
+    *,
+    using: str,
+) -> list[int]:
+    """The INSERTs (model, objects, whether to fill in their primary keys, as
+    :func:`insert`) and the UPDATEs (as :func:`update_changed`) of one write,
+    in this order; the number of rows each UPDATE changed.
+
+    Where the database runs data-modifying statements inside ``WITH``
+    (:func:`~kumiflow_django.store.db.writes_in_one_statement`), they are one
+    statement, one round trip: a segment's events, its run's new or changed
+    row. What it writes, and the errors it raises (a version clash of the
+    log, a constraint of a row), are those of the statements one by one: a
+    failing part fails the statement, and the enclosing transaction or
+    savepoint rolls back all of it, as it would the statements before it.
+    Only where the database has them, and only a write that fits in one
+    statement's parameters (:func:`fits_one_statement`): elsewhere the caller
+    sends them one by one."""
+    assert db.writes_in_one_statement(using), "data-modifying WITH is PostgreSQL's"
+    inserts = [(model, objs, pk) for model, objs, pk in inserts if objs]
+    if not inserts and not updates:
+        return []
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    parts: list[str] = []
+    params: list[Any] = []
+    selected: list[str] = []
+    returning: list[tuple[type[Model], Sequence[Model]]] = []
+    for model, objs, return_pk in inserts:
+        statement, fields, plain = _insert_sql(model, using, len(objs), return_pk)
+        name = f"w{len(parts)}"
+        parts.append(f"{name} AS ({statement})")
+        for obj in objs:
+            params += _save_params(obj, fields, plain, connection)
+        if return_pk:
+            pk = qn(_column(model._meta.pk))
+            # Each row takes its key from the sequence in the order of VALUES.
+            selected.append(f"ARRAY(SELECT {pk} FROM {name} ORDER BY {pk})")  # noqa: S608
+            returning.append((model, objs))
+    for update in updates:
+        statement, values = _update_statement(update.obj, update.before, update.where, connection)
+        name = f"w{len(parts)}"
+        parts.append(f"{name} AS ({statement} RETURNING 1)")
+        params += values
+        selected.append(f"(SELECT COUNT(*) FROM {name})")  # noqa: S608
+    sql = f"WITH {', '.join(parts)} SELECT {', '.join(selected) or 'NULL'}"  # noqa: S608
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return int(cursor.rowcount)
+        row = cursor.fetchone()
+    assert row is not None
+    for (model, objs), keys in zip(returning, row, strict=False):
+        assert len(keys) == len(objs), "an INSERT inserts all its rows or none"
+        pk_attname = model._meta.pk.attname
+        for obj, key in zip(objs, keys, strict=True):
+            setattr(obj, pk_attname, key)
+    for _model, objs, _pk in inserts:
+        for obj in objs:
+            obj._state.adding = False
+            obj._state.db = using
+    counts = row[len(returning) : len(returning) + len(updates)]
+    return [int(count) for count in counts]
+
+
+#: The parameters one statement may bind: the protocol's 16-bit count
+#: (PostgreSQL with server-side binding; client-side binding has no bound).
+MAX_PARAMS = 65_535
+
+
+def fits_one_statement(
+    inserts: Sequence[tuple[type[Model], Sequence[Model], bool]], updates: Sequence[Update]
+) -> bool:
+    """Whether :func:`write_together` may bind all of a write's values in one
+    statement: a fan-out of a thousand children whose statements fit one by
+    one must not fail because they were fused. Counted from above: every
+    column of every row, every column of every changed row and its key."""
+    count = sum(len(model._meta.concrete_fields) * len(objs) for model, objs, _pk in inserts)
+    count += sum(len(u.obj._meta.concrete_fields) + len(u.where) for u in updates)
+    return count <= MAX_PARAMS
 
 
 def insert_if_absent(model: type[Model], values: dict[str, Any], *, using: str) -> bool:

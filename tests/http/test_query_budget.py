@@ -29,14 +29,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 BUDGETS: dict[str, dict[str, int]] = {
     # A straight-through run of two steps, started and run to its end in the
-    # request: the token, the position, the trigger event and the run's row.
-    "start": {"sqlite": 8, "postgresql": 10, "mysql": 8},
+    # request: the token, the position, the trigger event and the run's row
+    # (on PostgreSQL the run's events and row in one statement; 10 before).
+    "start": {"sqlite": 8, "postgresql": 8, "mysql": 8},
     # The token, then the run by its key.
     "read": {"sqlite": 2, "postgresql": 2, "mysql": 2},
     # The token, then one page of 50 runs in one statement, whatever their number.
     "list": {"sqlite": 2, "postgresql": 2, "mysql": 2},
-    # An event no workflow starts on or waits for: the token, the stream's head, the event.
-    "append": {"sqlite": 5, "postgresql": 6, "mysql": 5},
+    # An event no workflow starts on or waits for: the token, the stream's head,
+    # the event (PostgreSQL's figure was one above what it sent).
+    "append": {"sqlite": 5, "postgresql": 5, "mysql": 5},
 }
 
 
