@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -221,6 +223,7 @@ def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
             Tally.objects.create(key=f"raw-{i}")
     raw = n / (time.perf_counter() - start)
     driver = _driver_inserts_per_s(n)
+    floor, floor_cpu = _statements_floor(n)
     rate = n / elapsed
     return {
         "worker_peak_rss_mb": _own_peak_mb(),
@@ -230,8 +233,58 @@ def _w1(db: str, name: str, request: Any) -> dict[str, Any]:
         "ratio_to_raw_inserts": round(rate / raw, 3),
         "driver_inserts_per_s": round(driver, 1),
         "ratio_to_driver_inserts": round(rate / driver, 3),
+        "statements_floor_per_s": round(floor, 1),
+        "statements_floor_cpu_ms": round(floor_cpu / n * 1000, 3),
+        "floor_ratio_to_driver_inserts": round(floor / driver, 3),
         **counts,
     }
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}")
+
+
+def _statements_floor(n: int) -> tuple[float, float]:
+    """The floor of W1 as the engine writes it: one workflow's own statements
+    (its savepoints, its INSERTs, the NOTIFY after its commit), captured as
+    sent, replayed ``n`` times through Django's cursor with fresh keys and no
+    engine code at all. What no change of the engine's Python can beat
+    without sending fewer statements; (workflows/s, CPU seconds)."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from kumiflow_django import append_event
+
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        append_event("floor-0", "bench.w1", {"n": 0})
+    statements = [q["sql"] for q in captured.captured_queries]
+    commit = next(i for i, sql in enumerate(statements) if sql == "COMMIT")
+    inside = [sql for sql in statements[:commit] if not sql.startswith("BEGIN")]
+    after = statements[commit + 1 :]
+    keys = sorted(set(_UUID.findall("\n".join(statements))))
+
+    def fresh(i: int) -> list[list[str]]:
+        new = {key: (uuid.uuid4().hex if "-" not in key else str(uuid.uuid4())) for key in keys}
+        new["floor-0"] = f"floor-{i}"
+        out = []
+        for group in (inside, after):
+            texts = []
+            for sql in group:
+                for old, key in new.items():
+                    sql = sql.replace(old, key)
+                texts.append(sql)
+            out.append(texts)
+        return out
+
+    replays = [fresh(i) for i in range(1, n + 1)]  # built before the clock starts
+    start, cpu = time.perf_counter(), time.process_time()
+    for inside_i, after_i in replays:
+        with transaction.atomic(), connection.cursor() as cursor:
+            for sql in inside_i:
+                cursor.execute(sql)
+        with connection.cursor() as cursor:
+            for sql in after_i:
+                cursor.execute(sql)
+    return n / (time.perf_counter() - start), time.process_time() - cpu
 
 
 def _driver_inserts_per_s(n: int) -> float:
