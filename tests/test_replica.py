@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,11 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "repl
 API = "/api/kumiflow/"
 MIDDLEWARE = [*django_settings.MIDDLEWARE, "kumiflow_django.routers.ReplicaReadsMiddleware"]
 WRITES = ("INSERT", "UPDATE", "DELETE")
+#: A write on PostgreSQL may be one statement of data-modifying ``WITH``
+#: parts (``store.sql.write_together``, the append's head read).
+_WITH_WRITE = re.compile(
+    r"^\s*WITH\b.*\b(INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM)\b", re.I | re.S
+)
 
 
 @contextlib.contextmanager
@@ -80,7 +86,9 @@ def writes(captured: CaptureQueriesContext) -> list[str]:
     return [
         q["sql"]
         for q in captured.captured_queries
-        if q["sql"].lstrip().upper().startswith(WRITES) or "FOR UPDATE" in q["sql"].upper()
+        if q["sql"].lstrip().upper().startswith(WRITES)
+        or _WITH_WRITE.match(q["sql"])
+        or "FOR UPDATE" in q["sql"].upper()
     ]
 
 

@@ -104,31 +104,67 @@ def test_a_version_already_taken_is_a_version_clash_and_writes_no_row():
     assert not Event.objects.filter(stream_id=other.stream_id).exists()
 
 
-def test_a_write_too_large_for_one_statement_is_sent_statement_by_statement(monkeypatch):
+def _statements_of(changes):
+    """The writes ``write(changes)`` sent, in its own transaction."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from kumiflow_django.store import sql
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        write(changes)
+    starts = ("INSERT", "UPDATE", "WITH")
+    return [q["sql"] for q in captured.captured_queries if q["sql"].startswith(starts)]
+
+
+def _params(changes) -> int:
+    """The parameters a fused write of ``changes`` counts (``fits_one_statement``)."""
+    scope_fields = len(PausedScope._meta.concrete_fields)
+    count = 0
+    for change in changes:
+        count += len(change.events) * len(Event._meta.concrete_fields)
+        count += scope_fields if change.new else scope_fields + 2  # the row, or its key and version
+    return count
+
+
+@pytest.mark.parametrize("room", [0, -1])
+def test_a_write_too_large_for_one_statement_is_sent_statement_by_statement(monkeypatch, room):
+    from kumiflow_django.store import db, sql
 
     with transaction.atomic():
         first = paused("a")
         write([first])
     scope = PausedScope.objects.get(pk=first.saved.pk)
-    # Room for the events and one new row, not for the changed row as well.
-    monkeypatch.setattr(sql, "MAX_PARAMS", 2 * len(Event._meta.concrete_fields) + 20)
     changes = [paused("b"), resumed(scope)]
-    with CaptureQueriesContext(connection) as captured, transaction.atomic():
-        write(changes)
-    writes = [
-        q["sql"]
-        for q in captured.captured_queries
-        if q["sql"].startswith(("INSERT", "UPDATE", "WITH"))
-    ]
-    # One INSERT of the events, one of the new row, one UPDATE: none fused.
-    assert len(writes) == 3 and not any(w.startswith("WITH") for w in writes)
+    # Room for exactly the whole write, or one parameter short of it: the
+    # changed row's key and version count, not only the inserted rows.
+    monkeypatch.setattr(sql, "MAX_PARAMS", _params(changes) + room)
+    writes = _statements_of(changes)
+    if db.writes_in_one_statement() and room == 0:
+        assert len(writes) == 1 and writes[0].startswith("WITH")
+    else:  # one INSERT of the events, one of the new row, one UPDATE
+        assert len(writes) == 3 and not any(w.startswith("WITH") for w in writes)
     assert stored(scope.id)[-2:] == [
         (changes[1].events[0].position, 2, ev.SCOPE_RESUMED),
         (changes[1].events[1].position, 3, ev.SCOPE_PAUSED),
     ]
     assert PausedScope.objects.get(pk=scope.pk).version == 3
     assert PausedScope.objects.filter(pk=changes[0].saved.pk).exists()
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+def test_of_two_changed_rows_the_one_that_moved_on_is_named(stale_first):
+    with transaction.atomic():
+        made = [paused("a"), paused("b")]
+        write(made)
+    fresh, stale = (PausedScope.objects.get(pk=c.saved.pk) for c in made)
+    PausedScope.objects.filter(pk=stale.pk).update(version=7)
+    changes = [resumed(stale), resumed(fresh)] if stale_first else [resumed(fresh), resumed(stale)]
+    with pytest.raises(StaleRow) as refused, transaction.atomic():
+        write(changes)
+    assert str(refused.value).startswith(f"pausedscope {stale.pk} ")
+    assert PausedScope.objects.get(pk=fresh.pk).version == 1
+    # And both written when neither moved on: each row gets its own events.
+    PausedScope.objects.filter(pk=stale.pk).update(version=1)
+    changes = [resumed(PausedScope.objects.get(pk=c.saved.pk)) for c in made]
+    with transaction.atomic():
+        write(changes)
+    assert {PausedScope.objects.get(pk=c.saved.pk).version for c in made} == {3}

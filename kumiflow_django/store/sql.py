@@ -27,6 +27,7 @@ from django.db import NotSupportedError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Expression, Field, Model, QuerySet
+from django.db.models.fields import AutoFieldMixin
 from django.db.models.lookups import Exact, In
 from django.db.transaction import TransactionManagementError
 
@@ -208,9 +209,9 @@ def write_together(
     *,
     using: str,
 ) -> list[int]:
-    """The INSERTs (model, objects, whether to fill in their primary keys, as
-    :func:`insert`) and the UPDATEs (as :func:`update_changed`) of one write,
-    in this order; the number of rows each UPDATE changed.
+    """The INSERTs (model, objects, whether to fill in their auto primary
+    keys, as :func:`insert`) and the UPDATEs (as :func:`update_changed`) of
+    one write; the number of rows each UPDATE changed, in their order.
 
     Where the database runs data-modifying statements inside ``WITH``
     (:func:`~kumiflow_django.store.db.writes_in_one_statement`), they are one
@@ -219,11 +220,22 @@ def write_together(
     log, a constraint of a row), are those of the statements one by one: a
     failing part fails the statement, and the enclosing transaction or
     savepoint rolls back all of it, as it would the statements before it.
+
+    The order in which PostgreSQL runs the parts is its own (its docs call
+    it unpredictable), and nothing here depends on it: no part reads
+    another's rows, the rows updated are already locked by the writer (the
+    lock order took them before the segment), and a new row's contender
+    collides on a unique index whichever part runs first.
+
     Only where the database has them, and only a write that fits in one
     statement's parameters (:func:`fits_one_statement`): elsewhere the caller
     sends them one by one."""
     assert db.writes_in_one_statement(using), "data-modifying WITH is PostgreSQL's"
     inserts = [(model, objs, pk) for model, objs, pk in inserts if objs]
+    for model, _objs, return_pk in inserts:
+        # Keys are matched to rows by their order: only a sequence's keys,
+        # drawn row by row in the order of VALUES, can be.
+        assert not return_pk or isinstance(model._meta.pk, AutoFieldMixin), model
     if not inserts and not updates:
         return []
     connection = connections[using]
