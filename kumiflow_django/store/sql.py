@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Collection, Hashable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from django.core.exceptions import EmptyResultSet
 from django.db import NotSupportedError, connections, models, transaction
@@ -235,7 +235,7 @@ def write_together(
     for model, _objs, return_pk in inserts:
         # Keys are matched to rows by their order: only a sequence's keys,
         # drawn row by row in the order of VALUES, can be.
-        assert not return_pk or isinstance(model._meta.pk, AutoFieldMixin), model
+        assert not return_pk or isinstance(cast(Any, model._meta.pk), AutoFieldMixin), model
     if not inserts and not updates:
         return []
     connection = connections[using]
