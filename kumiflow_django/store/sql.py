@@ -103,11 +103,21 @@ def insert(model: type[Model], objs: Sequence[Model], *, using: str, return_pk: 
         params += _save_params(obj, fields, plain, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if return_pk:
-            pk_attname = model._meta.pk.attname
-            for obj, (pk,) in zip(objs, cursor.fetchall(), strict=True):
-                setattr(obj, pk_attname, pk)
-    for obj in objs:
+        keys = [pk for (pk,) in cursor.fetchall()] if return_pk else None
+    _stored(model, objs, keys, using)
+
+
+def _stored(
+    model: type[Model], objs: Sequence[Model], keys: Sequence[Any] | None, using: str
+) -> None:
+    """Mark ``objs`` as saved in ``using``, as the ORM's save leaves them;
+    with ``keys``, their primary keys, one for each in order."""
+    pk_attname = model._meta.pk.attname
+    if keys is not None:
+        assert len(keys) == len(objs), "an INSERT inserts all its rows or none"
+    for i, obj in enumerate(objs):
+        if keys is not None:
+            setattr(obj, pk_attname, keys[i])
         obj._state.adding = False
         obj._state.db = using
 
@@ -243,7 +253,6 @@ def write_together(
     parts: list[str] = []
     params: list[Any] = []
     selected: list[str] = []
-    returning: list[tuple[type[Model], Sequence[Model]]] = []
     for model, objs, return_pk in inserts:
         statement, fields, plain = _insert_sql(model, using, len(objs), return_pk)
         name = f"w{len(parts)}"
@@ -254,7 +263,6 @@ def write_together(
             pk = qn(_column(model._meta.pk))
             # Each row takes its key from the sequence in the order of VALUES.
             selected.append(f"ARRAY(SELECT {pk} FROM {name} ORDER BY {pk})")  # noqa: S608
-            returning.append((model, objs))
     for update in updates:
         statement, values = _update_statement(update.obj, update.before, update.where, connection)
         name = f"w{len(parts)}"
@@ -266,17 +274,11 @@ def write_together(
         cursor.execute(sql, params)
         row = cursor.fetchone()
     assert row is not None
-    for (model, objs), keys in zip(returning, row, strict=False):
-        assert len(keys) == len(objs), "an INSERT inserts all its rows or none"
-        pk_attname = model._meta.pk.attname
-        for obj, key in zip(objs, keys, strict=True):
-            setattr(obj, pk_attname, key)
-    for _model, objs, _pk in inserts:
-        for obj in objs:
-            obj._state.adding = False
-            obj._state.db = using
-    counts = row[len(returning) : len(returning) + len(updates)]
-    return [int(count) for count in counts]
+    # The keys of each INSERT that returns them, then each UPDATE's count.
+    selected_values = iter(row)
+    for model, objs, return_pk in inserts:
+        _stored(model, objs, next(selected_values) if return_pk else None, using)
+    return [int(next(selected_values)) for _update in updates]
 
 
 #: The parameters one statement may bind: the protocol's 16-bit count
@@ -647,13 +649,10 @@ def insert_after_head(
     if not returned:
         return False
     assert len(returned) == len(objs), "an INSERT ... SELECT inserts all its rows or none"
-    pk_attname = model._meta.pk.attname
     counter_attname = model._meta.get_field(counter).attname  # type: ignore[union-attr]
-    for obj, (pk, number) in zip(objs, returned, strict=True):
-        setattr(obj, pk_attname, pk)
+    for obj, (_pk, number) in zip(objs, returned, strict=True):
         setattr(obj, counter_attname, number)
-        obj._state.adding = False
-        obj._state.db = using
+    _stored(model, objs, [pk for pk, _number in returned], using)
     return True
 
 
